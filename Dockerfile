@@ -1,0 +1,24 @@
+# One image for every pybk process on Kubernetes:
+#   pybk bookie (via /usr/local/bin/bookie-entrypoint), pybk autorecovery, pybk operator.
+# Build: docker build -t pybk:0.1.0 .      (kind: kind load docker-image pybk:0.1.0)
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN pip install --no-cache-dir --upgrade pip build
+COPY pyproject.toml README.md ./
+COPY pybk ./pybk
+RUN python -m build --wheel --outdir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[operator]" && rm -rf /wheels \
+    && groupadd --gid 10001 pybk && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin pybk \
+    && mkdir -p /pybk/journal /pybk/ledgers /opt/pybk/crds && chown -R 10001:10001 /pybk
+# The CRD travels with the image so `pybk operator --check` works inside it.
+COPY crds/ /opt/pybk/crds/
+COPY bookie_image/entrypoint.sh /usr/local/bin/bookie-entrypoint
+ENV PYBK_CRD=/opt/pybk/crds/bookiecluster.yaml
+USER 10001:10001
+EXPOSE 3181 8000 8080
+ENTRYPOINT []
+CMD ["pybk", "--help"]

@@ -1,0 +1,38 @@
+"""`pybk bench NAME`: benchmarks, one module per target (pybk/bench/NAME.py).
+
+Each module exposes `add_arguments(parser)` and `run(args) -> int` and prints its figures
+together with the exact command that produced them. Benchmarks are never timed tests.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHMARKS: dict[str, str] = {
+    "bookie": "one bookie, many adds in flight from one client: entries/s, MB/s, latency",
+    "meta": "ledger metadata create+close cycles and list throughput against etcd",
+    "write": "ledger writes E3/Qw3/Qa2 on a local cluster, window 256 and window 1",
+    "read": "ledger reads on a local cluster",
+    "recovery": "time to re-replicate a lost bookie's data",
+    "spark": "scan ledgers with Spark local[2]",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    argv = sys.argv[1:]
+    chosen = next((a for a in argv if a in BENCHMARKS), None)
+    for name, help_text in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            mod = importlib.import_module(f"pybk.bench.{name}")
+            mod.add_arguments(p)
+            p.set_defaults(_bench=mod.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not hasattr(args, "_bench"):
+        print(f"pybk bench {args.benchmark}: not available yet", file=sys.stderr)
+        return 2
+    return int(args._bench(args) or 0)

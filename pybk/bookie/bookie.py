@@ -1,0 +1,673 @@
+"""The storage core of a bookie: journal, write cache, checkpoints, entry logs, LMDB index.
+
+An add is journaled (group commit, fdatasync) and put in the write cache; its future completes
+once the journal record is durable, and only then does the service answer. A checkpoint moves the
+write cache into the entry log + index and persists the journal mark; start-up replays the journal
+from that mark. Ledger state (master key, fenced, LAC) is journaled and checkpointed the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import google_crc32c
+
+from pybk.entry import HEADER, HEADER_SIZE
+from pybk.proto import pb
+
+from .entrylog import EntryLog
+from .index import Index
+from .journal import (_CRC_PART as _PART, RECORD as _REC, Journal, Mark, RecordType, encode_record, read_mark,
+                      replay, write_mark)
+from .metrics import Metrics
+from .state import LedgerState, check_key, entry_ranges
+from .writecache import WriteCache
+
+log = logging.getLogger("pybk.bookie")
+
+_ADD = int(RecordType.ADD)
+_MASTER_KEY = int(RecordType.MASTER_KEY)
+_FENCE = int(RecordType.FENCE)
+_LAC = int(RecordType.LAC)
+_OK = pb.OK
+_BAD = pb.BAD_REQUEST
+READ_ONLY_FILE = "READONLY"  # in the journal dir while read-only by request
+DISK_READ_ENTRIES = 256  # entries per worker-thread read from the entry logs
+
+
+class BookieStorageError(Exception):
+    """The store cannot serve a request (I/O failure, corrupt entry log)."""
+
+
+@dataclass
+class StorageOptions:
+    """Tunables of the storage core."""
+
+    journal_max_file_size: int = 256 * 1024 * 1024
+    group_wait: float = 0.0
+    group_max_bytes: int = 16 * 1024 * 1024
+    fsync: bool = True
+    checkpoint_interval: float = 30.0
+    checkpoint_bytes: int = 128 * 1024 * 1024
+    entrylog_max_file_size: int = 1024 * 1024 * 1024
+    max_entry_size: int = 5 * 1024 * 1024
+    high_water_mark: float = 0.95
+    low_water_mark: float = 0.90
+    disk_capacity: int = 0          # 0: use the filesystem's size; else a byte budget for our dirs
+    disk_check_interval: float = 1.0
+    compaction_threshold: float = 0.5  # rewrite an entry log whose live fraction is below this
+    max_write_cache_bytes: int = 1024 * 1024 * 1024  # past this (cache + checkpoint in flight +
+    # journal backlog) adds get TOO_MANY_REQUESTS until a checkpoint catches up
+
+
+class Bookie:
+    """One bookie's storage. Use `await start()` then the add/read/fence methods; `await close()`."""
+
+    def __init__(self, journal_dir: Path, ledger_dirs: list[Path], options: StorageOptions | None = None,
+                 metrics: Metrics | None = None):
+        self.journal_dir = Path(journal_dir)
+        self.ledger_dirs = [Path(d) for d in ledger_dirs]
+        if not self.ledger_dirs:
+            raise ValueError("a bookie needs at least one ledger dir")
+        self.opts = options or StorageOptions()
+        self.metrics = metrics or Metrics()
+        self.ledgers: dict[int, LedgerState] = {}
+        self.cache = WriteCache()
+        self.flushing: WriteCache | None = None
+        self.read_only_forced = False
+        self.read_only_disk = False
+        self.journal_failed = False  # a journal write failed: read-only until restarted
+        self.disk_usage = 0.0
+        self.on_read_only_change: Callable[[bool], None] | None = None
+        self._lac_waiters: dict[int, list[asyncio.Future]] = {}
+        self._disk_reads = 0  # entry log reads running in worker threads
+        self._ckpt_lock = asyncio.Lock()
+        self._ckpt_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.journal: Journal | None = None
+        self.index: Index | None = None
+        self.entrylogs: list[EntryLog] = []
+        self.replayed = 0
+        self.started = False
+
+    # ---- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the index and entry logs, replay the journal from the mark, start the writer."""
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        for d in self.ledger_dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        self.index = Index(self.ledger_dirs[0], sync=self.opts.fsync)
+        self.entrylogs = [EntryLog(d, self.opts.entrylog_max_file_size) for d in self.ledger_dirs]
+        for ledger, raw in self.index.ledger_states():
+            self.ledgers[ledger] = LedgerState.from_bytes(raw)
+        mark = read_mark(self.journal_dir)
+        self.replayed = await asyncio.get_running_loop().run_in_executor(None, self._replay, mark)
+        self.journal = Journal(self.journal_dir, self.opts.journal_max_file_size, self.opts.group_wait,
+                               self.opts.group_max_bytes, self.opts.fsync, self.metrics.journal_synced,
+                               self._journal_failed)
+        self.journal.open()
+        self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
+        self._update_disk_state()
+        self.metrics.read_only.set(int(self.read_only))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._checkpoint_loop(), name="checkpointer"),
+                       loop.create_task(self._disk_loop(), name="disk-checker")]
+        self.metrics.ledgers.set(len(self.ledgers))
+        self.started = True
+        log.info("storage started: %d ledgers, %d journal records replayed from %s", len(self.ledgers),
+                 self.replayed, mark)
+
+    def _replay(self, mark: Mark) -> int:
+        n = 0
+        for rtype, ledger, entry, body in replay(self.journal_dir, mark):
+            n += 1
+            st = self.ledgers.get(ledger)
+            if st is None:
+                st = self.ledgers[ledger] = LedgerState()
+            st.dirty = True
+            if rtype == _ADD:
+                self.cache.put(ledger, entry, body)
+                if len(body) >= HEADER_SIZE:
+                    lac = HEADER.unpack_from(body)[2]
+                    if lac > st.lac:
+                        st.lac = lac
+            elif rtype == _MASTER_KEY:
+                st.master_key = body
+            elif rtype == _FENCE:
+                st.fenced = True
+            elif rtype == _LAC:
+                st.explicit_lac = max(st.explicit_lac, entry)
+        return n
+
+    async def close(self) -> None:
+        """Stop background work, checkpoint what is cached, close files."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.journal:
+            await self.journal.close()
+            if self.started:
+                try:
+                    await self.checkpoint()
+                except Exception:  # noqa: BLE001 - the journal still holds everything
+                    log.exception("final checkpoint failed; the journal will be replayed")
+        for el in self.entrylogs:
+            el.close()
+        if self.index:
+            self.index.close()
+        self.started = False
+
+    # ---- adds -------------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.read_only_forced or self.read_only_disk or self.journal_failed
+
+    def add_batch(self, entries) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:
+        """Validate and journal a batch of pb.AddEntry (a sequence).
+
+        Returns the refused ones as (index, status, message) (every other entry is OK once the
+        future completes) and a future that completes when the accepted ones are durable (None if
+        none were accepted). Accepted entries are in the write cache before this returns (readers
+        may see them; they only read up to a LAC, which only durable quorums advance)."""
+        errors: list[tuple[int, int, str]] = []
+        if self.read_only:
+            return [(i, pb.READ_ONLY, "bookie is read-only") for i in range(len(entries))], None
+        if self.backlog_bytes() >= self.opts.max_write_cache_bytes:
+            self.request_checkpoint()
+            return [(i, pb.TOO_MANY_REQUESTS, "write cache full, checkpoint behind: retry shortly")
+                    for i in range(len(entries))], None
+        records: list[bytes] = []
+        append = records.append
+        ledgers = self.ledgers
+        cache = self.cache
+        cache_ledgers = cache.ledgers
+        unpack = HEADER.unpack_from
+        part_pack = _PART.pack
+        rec_pack = _REC.pack
+        crc_value = google_crc32c.value
+        crc_extend = google_crc32c.extend
+        max_size = self.opts.max_entry_size
+        changed: set[int] | None = None
+        nbytes = 0
+        count = 0
+        jbytes = 0  # journal bytes beyond the ADD records
+        last_ledger = -1
+        st = entries_of = None
+        cur_key = b""
+        cur_fenced = False
+        cur_lac = -1
+        for i, e in enumerate(entries):
+            ledger = e.ledger_id
+            eid = e.entry_id
+            body = e.body
+            size = len(body)
+            if size < HEADER_SIZE or size > max_size:
+                errors.append((i, _BAD, f"entry body of {size} bytes: must be {HEADER_SIZE}..{max_size} bytes"))
+                continue
+            hl, he, hlac, _ = unpack(body)
+            if hl != ledger or he != eid or eid < 0:
+                errors.append((i, _BAD, f"request says entry {ledger}:{eid}, body header says {hl}:{he}"))
+                continue
+            if ledger != last_ledger:
+                if st is not None and cur_lac > st.lac:
+                    st.lac = cur_lac
+                    st.dirty = True
+                    if last_ledger in self._lac_waiters:
+                        changed = changed or set()
+                        changed.add(last_ledger)
+                key = e.master_key
+                st = ledgers.get(ledger)
+                if st is None:
+                    if not key:
+                        errors.append((i, _BAD, "master key missing"))
+                        last_ledger = -1
+                        continue
+                    st = ledgers[ledger] = LedgerState(master_key=key)
+                    append(encode_record(_MASTER_KEY, ledger, -1, key))
+                    jbytes += _REC.size + len(key)
+                    self.metrics.ledgers.set(len(ledgers))
+                elif st.master_key != key:
+                    if st.master_key:
+                        errors.append((i, pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"))
+                        st, last_ledger = None, -1
+                        continue
+                    if not key:
+                        errors.append((i, _BAD, "master key missing"))
+                        st, last_ledger = None, -1
+                        continue
+                    st.master_key = key
+                    st.dirty = True
+                    append(encode_record(_MASTER_KEY, ledger, -1, key))
+                    jbytes += _REC.size + len(key)
+                entries_of = cache_ledgers.get(ledger)
+                if entries_of is None:
+                    entries_of = cache_ledgers[ledger] = {}
+                last_ledger = ledger
+                cur_key = key
+                cur_fenced = st.fenced
+                cur_lac = st.lac
+            elif e.master_key != cur_key:
+                errors.append((i, pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"))
+                continue
+            if cur_fenced and not e.flags & 1:
+                errors.append((i, pb.FENCED, f"ledger {ledger} is fenced"))
+                continue
+            append(rec_pack(size, crc_extend(crc_value(part_pack(_ADD, ledger, eid)), body), _ADD, ledger, eid))
+            append(body)
+            entries_of[eid] = body  # a rewrite (recovery add) replaces it; the byte count stays approximate
+            if hlac > cur_lac:
+                cur_lac = hlac
+            nbytes += size
+            count += 1
+        if st is not None and cur_lac > st.lac:
+            st.lac = cur_lac
+            st.dirty = True
+            if last_ledger in self._lac_waiters:
+                changed = changed or set()
+                changed.add(last_ledger)
+        if changed:
+            for ledger in changed:
+                self._wake_lac(ledger)
+        if not records:
+            return errors, None
+        cache.bytes += nbytes
+        cache.count += count
+        m = self.metrics
+        m.adds.inc(count)
+        m.add_bytes.inc(nbytes)
+        if cache.bytes >= self.opts.checkpoint_bytes:
+            self.request_checkpoint()
+        return errors, self.journal.append(records, jbytes + nbytes + count * _REC.size)
+
+    def backlog_bytes(self) -> int:
+        """Bytes held in memory for adds: write cache, checkpoint in flight, journal queue."""
+        flushing = self.flushing.bytes if self.flushing is not None else 0
+        return self.cache.bytes + flushing + self.journal.queued_bytes
+
+    # ---- fencing and LAC --------------------------------------------------------------------
+
+    async def fence(self, ledger: int, master_key: bytes) -> tuple[int, int]:
+        """Fence a ledger: later normal adds get FENCED. Durable before it returns (status, lac)."""
+        st = self.ledgers.get(ledger)
+        status = check_key(st, master_key)
+        if status != _OK:
+            return status, -1
+        records = []
+        if st is None or not st.master_key:
+            if st is None:
+                st = self.ledgers[ledger] = LedgerState()
+            st.master_key = master_key
+            records.append(encode_record(_MASTER_KEY, ledger, -1, master_key))
+        st.fenced = True
+        st.dirty = True
+        records.append(encode_record(_FENCE, ledger, -1))
+        await self.journal.append(b"".join(records))
+        return _OK, st.last_add_confirmed
+
+    async def write_lac(self, ledger: int, lac: int, master_key: bytes) -> int:
+        """Record an explicit LAC (journaled); returns a status."""
+        st = self.ledgers.get(ledger)
+        status = check_key(st, master_key)
+        if status != _OK:
+            return status
+        records = []
+        if st is None:
+            st = self.ledgers[ledger] = LedgerState(master_key=master_key)
+            records.append(encode_record(_MASTER_KEY, ledger, -1, master_key))
+        records.append(encode_record(_LAC, ledger, lac))
+        fut = self.journal.append(b"".join(records))
+        if lac > st.explicit_lac:
+            st.explicit_lac = lac
+            st.dirty = True
+            self._wake_lac(ledger)
+        await fut
+        return _OK
+
+    def lac(self, ledger: int) -> int | None:
+        """The bookie's LAC for a ledger, None if it knows nothing of the ledger."""
+        st = self.ledgers.get(ledger)
+        return st.last_add_confirmed if st is not None else None
+
+    async def wait_lac(self, ledger: int, previous: int, timeout: float) -> int | None:
+        """Long-poll: return as soon as the LAC passes `previous`, or the current LAC at timeout."""
+        lac = self.lac(ledger)
+        if lac is not None and lac > previous:
+            return lac
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self.lac(ledger)
+            fut = asyncio.get_running_loop().create_future()
+            self._lac_waiters.setdefault(ledger, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                waiters = self._lac_waiters.get(ledger)
+                if waiters is not None:
+                    if fut in waiters:
+                        waiters.remove(fut)
+                    if not waiters:
+                        del self._lac_waiters[ledger]
+            lac = self.lac(ledger)
+            if lac is not None and lac > previous:
+                return lac
+
+    def _wake_lac(self, ledger: int) -> None:
+        for fut in self._lac_waiters.pop(ledger, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    def read_entry(self, ledger: int, entry: int) -> bytes | None:
+        """An entry's body from the write cache, the flushing cache, or the entry log via the index."""
+        body = self.cache.get(ledger, entry)
+        if body is not None:
+            return body
+        if self.flushing is not None:
+            body = self.flushing.get(ledger, entry)
+            if body is not None:
+                return body
+        loc = self.index.location(ledger, entry)
+        if loc is None:
+            return None
+        d, log_id, offset = loc
+        try:
+            return self.entrylogs[d].read(log_id, offset, ledger, entry)
+        except (OSError, IndexError, ValueError) as exc:
+            raise BookieStorageError(f"reading entry {ledger}:{entry}: {exc}") from exc
+
+    async def read_chunk(self, ledger: int, first: int, last: int, max_bytes: int,
+                         max_entries: int, step: int = 1) -> list[tuple[int, bytes]]:
+        """Entries first, first+step, ... (at most up to `last`), stopping at the first one not
+        stored here or at the caps. Cached entries are served on the event loop; entries that
+        must come from the entry logs are read in a worker thread so that a cold read never
+        stalls the adds. A striped replica is read with step = E (it holds every E-th entry)."""
+        out: list[tuple[int, bytes]] = []
+        disk: list[tuple[int, int, int, int]] = []
+        size = 0
+        eid = first
+        cache, flushing = self.cache, self.flushing
+        while eid <= last and len(out) + len(disk) < max_entries and size < max_bytes:
+            body = cache.get(ledger, eid)
+            if body is None and flushing is not None:
+                body = flushing.get(ledger, eid)
+            if body is not None:
+                if disk:
+                    break
+                out.append((eid, body))
+                size += len(body)
+            else:
+                if out:
+                    break
+                loc = self.index.location(ledger, eid)
+                if loc is None:
+                    break
+                disk.append((eid, *loc))
+                if len(disk) >= DISK_READ_ENTRIES:
+                    break
+            eid += step
+        if not disk:
+            return out
+        self._disk_reads += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self._pread_many, ledger, disk, max_bytes)
+        except (OSError, IndexError, ValueError) as exc:
+            raise BookieStorageError(f"reading entries of ledger {ledger} from {first}: {exc}") from exc
+        finally:
+            self._disk_reads -= 1
+
+    def _pread_many(self, ledger: int, disk: list[tuple[int, int, int, int]], max_bytes: int
+                    ) -> list[tuple[int, bytes]]:
+        """Worker thread: read entry log records with descriptors of its own."""
+        fds: dict[tuple[int, int], int] = {}
+        out, size = [], 0
+        try:
+            for eid, d, log_id, offset in disk:
+                fd = fds.get((d, log_id))
+                if fd is None:
+                    fd = fds[(d, log_id)] = os.open(self.entrylogs[d].path(log_id), os.O_RDONLY)
+                body = self.entrylogs[d].read_at(fd, log_id, offset, ledger, eid)
+                out.append((eid, body))
+                size += len(body)
+                if size >= max_bytes:
+                    break
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return out
+
+    def has_ledger(self, ledger: int) -> bool:
+        return ledger in self.ledgers
+
+    def entry_ids(self, ledger: int) -> list[int]:
+        """Every entry id of a ledger stored here, sorted."""
+        ids = set(self.index.entries(ledger))
+        ids.update(self.cache.entry_ids(ledger))
+        if self.flushing is not None:
+            ids.update(self.flushing.entry_ids(ledger))
+        return sorted(ids)
+
+    def list_entries(self, ledger: int) -> list[tuple[int, int]]:
+        return entry_ranges(self.entry_ids(ledger))
+
+    # ---- garbage collection ---------------------------------------------------------------
+
+    async def delete_ledgers(self, ledgers: set[int]) -> int:
+        """Forget ledgers deleted from the metadata: state, cached entries and index locations.
+        Returns the number of entries dropped; `compact()` then reclaims their entry log space."""
+        async with self._ckpt_lock:
+            dropped = 0
+            for ledger in ledgers:
+                self.ledgers.pop(ledger, None)
+                entries = self.cache.ledgers.pop(ledger, None)
+                if entries:
+                    dropped += len(entries)
+                    self.cache.count -= len(entries)
+                    self.cache.bytes -= sum(map(len, entries.values()))
+                self._wake_lac(ledger)
+            dropped += await asyncio.get_running_loop().run_in_executor(None, self.index.delete_ledgers, ledgers)
+            self.metrics.ledgers.set(len(self.ledgers))
+        await self.checkpoint()  # moves the journal mark past their records, so replay cannot revive them
+        return dropped
+
+    async def compact(self) -> dict:
+        """Rewrite entry logs (not the current ones) whose live fraction is under the threshold:
+        copy their live entries to the current log, repoint the index in one transaction, delete
+        the old files. Returns {"rewritten_logs", "copied_entries", "reclaimed_bytes"}."""
+        async with self._ckpt_lock:
+            loop = asyncio.get_running_loop()
+            plans = await loop.run_in_executor(None, self._compact, self.opts.compaction_threshold)
+            reclaimed = copied = 0
+            while self._disk_reads:  # reads in worker threads may still use the old locations
+                await asyncio.sleep(0.005)
+            for d, log_id, size, n in plans:
+                self.entrylogs[d].remove(log_id)  # on the loop thread: no read is between lookup and pread
+                reclaimed += size
+                copied += n
+            return {"rewritten_logs": len(plans), "copied_entries": copied, "reclaimed_bytes": reclaimed}
+
+    def _compact(self, threshold: float) -> list[tuple[int, int, int, int]]:
+        plans = []
+        for d, el in enumerate(self.entrylogs):
+            candidates = set(el.log_ids()) - {el.current}
+            if not candidates:
+                continue
+            live = self.index.live_locations(d, candidates)
+            for log_id in sorted(candidates):
+                entries = live.get(log_id, [])
+                size = el.path(log_id).stat().st_size
+                fd = os.open(el.path(log_id), os.O_RDONLY)
+                try:
+                    items = [(ledger, entry, el.read_at(fd, log_id, off, ledger, entry))
+                             for ledger, entry, off in entries]
+                finally:
+                    os.close(fd)
+                live_bytes = sum(len(b) + 20 for _, _, b in items)
+                if size == 0 or live_bytes / size >= threshold:
+                    continue
+                if items:
+                    self.index.commit(el.append_sorted(sorted(items, key=lambda t: (t[0], t[1])), d), [])
+                plans.append((d, log_id, size, len(items)))
+        return plans
+
+    # ---- checkpoint -------------------------------------------------------------------------
+
+    def request_checkpoint(self) -> None:
+        if self._ckpt_task is None or self._ckpt_task.done():
+            self._ckpt_task = asyncio.get_running_loop().create_task(self.checkpoint())
+
+    async def checkpoint(self) -> Mark:
+        """Move the write cache into the entry log + index, then persist the journal mark and
+        delete the journal files before it."""
+        async with self._ckpt_lock:
+            t0 = time.perf_counter()
+            snap = self.cache
+            self.cache = WriteCache()
+            self.flushing = snap
+            mark = self.journal.position
+            dirty = []
+            for ledger, st in self.ledgers.items():
+                if st.dirty:
+                    dirty.append((ledger, st.to_bytes()))
+                    st.dirty = False
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self._flush, snap, dirty, mark)
+            except BaseException:
+                self.cache.merge_from(snap)
+                for ledger, _ in dirty:
+                    if ledger in self.ledgers:
+                        self.ledgers[ledger].dirty = True
+                raise
+            finally:
+                self.flushing = None
+            removed = self.journal.delete_before(mark)
+            m = self.metrics
+            m.checkpoints.inc()
+            m.checkpoint_seconds.observe(time.perf_counter() - t0)
+            m.write_cache_bytes.set(self.cache.bytes)
+            m.write_cache_entries.set(self.cache.count)
+            m.ledgers.set(len(self.ledgers))
+            log.debug("checkpoint: %d entries, %d ledger states, mark %s, %d journal files removed",
+                      snap.count, len(dirty), mark, removed)
+            return mark
+
+    def _flush(self, snap: WriteCache, dirty: list[tuple[int, bytes]], mark: Mark) -> None:
+        """Runs in a worker thread (the snapshot no longer changes): sort, append, index, mark."""
+        n = len(self.ledger_dirs)
+        per_dir = [snap.sorted_items(lambda l, i=i: l % n == i) for i in range(n)] if n > 1 \
+            else [snap.sorted_items()]
+        locations = []
+        for d, items in enumerate(per_dir):
+            if items:
+                locations.extend(self.entrylogs[d].append_sorted(items, d))
+        self.index.commit(locations, dirty)
+        write_mark(self.journal_dir, mark)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.checkpoint_interval)
+            try:
+                await self.checkpoint()
+            except Exception:  # noqa: BLE001 - keep serving from the journal + cache; retry later
+                log.exception("checkpoint failed")
+
+    # ---- disk water marks -------------------------------------------------------------------
+
+    def _dirs(self) -> list[Path]:
+        return [self.journal_dir, *self.ledger_dirs]
+
+    def measure_disk_usage(self) -> float:
+        """Used fraction: of the byte budget (disk_capacity) by our dirs, else of the fullest disk."""
+        if self.opts.disk_capacity > 0:
+            used = 0
+            for d in self._dirs():
+                for root, _, files in os.walk(d):
+                    for f in files:
+                        try:
+                            used += os.stat(os.path.join(root, f)).st_size
+                        except OSError:
+                            pass
+            return used / self.opts.disk_capacity
+        fractions = []
+        for d in self._dirs():
+            u = shutil.disk_usage(d)
+            fractions.append(u.used / (u.used + u.free) if u.used + u.free else 0.0)
+        return max(fractions)
+
+    def disk_space(self) -> tuple[int, int]:
+        """(free, total) bytes for the Info call."""
+        if self.opts.disk_capacity > 0:
+            used = int(self.disk_usage * self.opts.disk_capacity)
+            return max(self.opts.disk_capacity - used, 0), self.opts.disk_capacity
+        u = shutil.disk_usage(self.ledger_dirs[0])
+        return u.free, u.total
+
+    def _update_disk_state(self) -> None:
+        self.disk_usage = usage = self.measure_disk_usage()
+        self._update_disk_state_from(usage)
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        log.error("journal write failed (%s): read-only until restarted; acknowledged adds are safe", exc)
+        before = self.read_only
+        self.journal_failed = True
+        if before != self.read_only:
+            self._read_only_changed()
+
+    def set_read_only(self, value: bool) -> None:
+        """Force read-only by request (admin API), or lift that request. The request survives
+        restarts (a file in the journal dir), so a draining bookie stays read-only."""
+        before = self.read_only
+        self.read_only_forced = value
+        marker = self.journal_dir / READ_ONLY_FILE
+        if value:
+            marker.write_text("read-only by request through the admin API\n")
+        else:
+            marker.unlink(missing_ok=True)
+        if before != self.read_only:
+            self._read_only_changed()
+
+    def _read_only_changed(self) -> None:
+        self.metrics.read_only.set(int(self.read_only))
+        if self.on_read_only_change:
+            self.on_read_only_change(self.read_only)
+
+    async def _disk_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.opts.disk_check_interval)
+            try:
+                usage = await loop.run_in_executor(None, self.measure_disk_usage)
+                self.disk_usage = usage
+                self._update_disk_state_from(usage)
+                self.metrics.write_cache_bytes.set(self.cache.bytes)
+                self.metrics.write_cache_entries.set(self.cache.count)
+            except Exception:  # noqa: BLE001
+                log.exception("disk check failed")
+
+    def _update_disk_state_from(self, usage: float) -> None:
+        self.metrics.disk_usage.set(usage)
+        before = self.read_only
+        if not self.read_only_disk and usage >= self.opts.high_water_mark:
+            log.warning("disk usage %.4f >= high-water mark %.4f: turning read-only", usage, self.opts.high_water_mark)
+            self.read_only_disk = True
+        elif self.read_only_disk and usage < self.opts.low_water_mark:
+            log.warning("disk usage %.4f < low-water mark %.4f: writable again", usage, self.opts.low_water_mark)
+            self.read_only_disk = False
+        if before != self.read_only:
+            self._read_only_changed()

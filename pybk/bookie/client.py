@@ -1,0 +1,390 @@
+"""A low-level async client for one bookie, used by the ledger client, autorecovery and tests.
+
+Adds are batched adaptively over one long-lived Add stream: when nothing is in flight an add is
+sent at once (with whatever else was added in the same event loop turn); otherwise adds coalesce
+until the previous batch returns or the pending batch reaches the size cap.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import AsyncIterator, Callable
+
+import grpc
+
+from pybk.proto import pb, rpc
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                ("grpc.max_send_message_length", 256 * 1024 * 1024),
+                ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1),
+                # a restarted bookie is found again within ~2 s, not after gRPC's 2-minute backoff
+                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+class Status(enum.IntEnum):
+    """Bookie status codes (the proto's names and numbers)."""
+
+    OK = pb.OK
+    NO_LEDGER = pb.NO_LEDGER
+    NO_ENTRY = pb.NO_ENTRY
+    BAD_REQUEST = pb.BAD_REQUEST
+    IO_ERROR = pb.IO_ERROR
+    UNAUTHORIZED = pb.UNAUTHORIZED
+    FENCED = pb.FENCED
+    READ_ONLY = pb.READ_ONLY
+    TOO_MANY_REQUESTS = pb.TOO_MANY_REQUESTS
+
+
+class BookieError(Exception):
+    """A bookie answered with a status other than OK, or could not be reached."""
+
+    def __init__(self, code: Status, message: str = "", address: str = ""):
+        self.code = Status(code)
+        self.message = message
+        self.address = address
+        super().__init__(f"{address}: {self.code.name}" + (f": {message}" if message else ""))
+
+
+class BookieUnavailableError(BookieError):
+    """The bookie could not be reached or the connection broke (code IO_ERROR)."""
+
+    def __init__(self, message: str, address: str = ""):
+        super().__init__(Status.IO_ERROR, message, address)
+
+
+_ERRORS = {s.value: s for s in Status}
+_Future = asyncio.Future
+
+
+def _complete(done, error: BookieError | None) -> None:
+    """Complete a Future or call a callback with the add's outcome."""
+    if isinstance(done, asyncio.Future):
+        if not done.done():
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+    else:
+        done(error)
+
+
+class BookieClient:
+    """One gRPC channel to one bookie. Create with `await BookieClient.connect("host:port")`."""
+
+    def __init__(self, address: str, max_batch_bytes: int = 1024 * 1024, max_batch_entries: int = 8192,
+                 timeout: float = 30.0):
+        self.address = address
+        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_entries = max_batch_entries
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = rpc.BookieStub(self._channel)
+        self._batch = pb.AddBatch()
+        self._batch_add = self._batch.entries.add
+        self._pending_first = 0  # request id of the batch's first entry
+        self._pending = 0         # entries in the batch being built
+        self._pending_bytes = 0
+        self._futures: dict[int, asyncio.Future] = {}
+        self._next_id = 1
+        self._inflight = 0
+        self._flush_scheduled = False
+        self._stream: _AddStream | None = None
+        self._closed = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    async def connect(cls, address: str, wait: float | None = None, **kwargs) -> "BookieClient":
+        """A client for the bookie at host:port. Connects lazily; pass wait=seconds to wait until
+        the bookie is reachable (raises BookieUnavailableError otherwise)."""
+        client = cls(address, **kwargs)
+        if wait:
+            try:
+                await asyncio.wait_for(client._channel.channel_ready(), wait)
+            except asyncio.TimeoutError:
+                await client.close()
+                raise BookieUnavailableError(f"not reachable within {wait}s", address) from None
+        return client
+
+    async def close(self) -> None:
+        """Fail pending adds and close the channel."""
+        self._closed = True
+        if self._stream is not None:
+            self._stream.fail(BookieUnavailableError("client closed", self.address))
+            self._stream = None
+        self._fail_pending(BookieUnavailableError("client closed", self.address))
+        await self._channel.close()
+
+    async def __aenter__(self) -> "BookieClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- adds -------------------------------------------------------------------------------
+
+    def add_nowait(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
+                   recovery: bool = False) -> asyncio.Future:
+        """Queue an add; returns a future that completes when the bookie has it durably (or fails
+        with BookieError)."""
+        fut = self._loop().create_future()
+        self.add_callback(ledger_id, entry_id, body, master_key, recovery, fut)
+        return fut
+
+    def add_callback(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, recovery: bool,
+                     done: "asyncio.Future | Callable[[BookieError | None], None]") -> None:
+        """Queue an add and call done(None) once it is durable, or done(BookieError) (done may also be
+        a Future). Callbacks run straight from the receive loop, with no Future or task per add:
+        the cheapest way to keep very many adds in flight. A callback must not raise or block."""
+        if self._closed:
+            _complete(done, BookieUnavailableError("client closed", self.address))
+            return
+        rid = self._next_id
+        try:
+            if recovery:
+                self._batch_add(request_id=rid, ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
+                                flags=1, body=body)
+            else:
+                self._batch_add(request_id=rid, ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
+                                body=body)
+        except (TypeError, ValueError) as exc:  # not representable on the wire: nothing was queued
+            _complete(done, BookieError(Status.BAD_REQUEST, f"bad add {ledger_id}:{entry_id}: {exc}", self.address))
+            return
+        self._next_id = rid + 1
+        self._futures[rid] = done
+        if not self._pending:
+            self._pending_first = rid
+        self._pending += 1
+        self._pending_bytes += len(body)
+        if self._pending_bytes >= self.max_batch_bytes or self._pending >= self.max_batch_entries:
+            self._flush()
+        elif self._inflight == 0 and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop().call_soon(self._flush)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
+
+    async def add(self, ledger_id: int, entry_id: int, body: bytes, *, master_key: bytes,
+                  recovery: bool = False) -> None:
+        """Store one entry (the encoded body) on this bookie; returns once it is durable there."""
+        await self.add_nowait(ledger_id, entry_id, body, master_key, recovery)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending:
+            return
+        batch = self._batch
+        ids = range(self._pending_first, self._pending_first + self._pending)
+        self._new_batch()
+        if self._stream is None or self._stream.broken:
+            self._stream = _AddStream(self)
+        self._inflight += 1
+        self._stream.send(batch, ids)
+
+    def _batch_done(self) -> None:
+        self._inflight -= 1
+        if self._pending and not self._flush_scheduled:
+            self._flush()
+
+    def _new_batch(self) -> None:
+        self._batch = pb.AddBatch()
+        self._batch_add = self._batch.entries.add
+        self._pending = 0
+        self._pending_bytes = 0
+
+    def _fail_pending(self, exc: BookieError) -> None:
+        for rid in range(self._pending_first, self._pending_first + self._pending):
+            done = self._futures.pop(rid, None)
+            if done is not None:
+                _complete(done, exc)
+        self._new_batch()
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    async def read(self, ledger_id: int, entry_id: int) -> bytes:
+        """One entry's body; raises BookieError (NO_LEDGER, NO_ENTRY, ...)."""
+        async for _, body in self.read_range(ledger_id, entry_id, entry_id):
+            return body
+        raise BookieError(Status.NO_ENTRY, f"entry {ledger_id}:{entry_id} not returned", self.address)
+
+    async def read_range(self, ledger_id: int, first: int, last: int, step: int = 1
+                         ) -> AsyncIterator[tuple[int, bytes]]:
+        """Entries first, first+step, ... <= last in order as (entry_id, body); raises BookieError
+        at the first one this bookie does not hold (after yielding those before it). step = E
+        reads a striped replica's share (every E-th entry)."""
+        if step < 1:
+            raise ValueError(f"step must be >= 1, not {step}")
+        req = pb.ReadRequest(ledger_id=ledger_id, first_entry=first, last_entry=last, step=step)
+        call = self._stub.Read(req)
+        try:
+            async for res in call:
+                for e in res.entries:
+                    yield e.entry_id, e.body
+                if res.status != pb.OK:
+                    raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def _read_lac_call(self, req: pb.ReadRequest, timeout: float) -> int:
+        try:
+            call = self._stub.Read(req, timeout=timeout)
+            async for res in call:
+                if res.status != pb.OK:
+                    raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+                return res.lac
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        raise BookieError(Status.IO_ERROR, "empty answer", self.address)
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> int:
+        """Fence the ledger on this bookie (durable before it answers); returns the bookie's LAC
+        (-1 if it holds no entries of the ledger)."""
+        req = pb.ReadRequest(ledger_id=ledger_id, first_entry=-1, last_entry=-1, flags=pb.FENCE,
+                             master_key=master_key)
+        return await self._read_lac_call(req, self.timeout)
+
+    async def read_lac(self, ledger_id: int) -> int:
+        """The bookie's LAC for the ledger; BookieError(NO_LEDGER) if it knows nothing of it."""
+        try:
+            res = await self._stub.ReadLac(pb.ReadLacRequest(ledger_id=ledger_id), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        if res.status != pb.OK:
+            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        return res.lac
+
+    async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> int:
+        """Long-poll: the LAC as soon as it passes `previous`, or the current one after timeout."""
+        req = pb.ReadRequest(ledger_id=ledger_id, first_entry=-1, last_entry=-1, flags=pb.LONG_POLL,
+                             previous_lac=previous, timeout_ms=max(int(timeout * 1000), 1))
+        return await self._read_lac_call(req, timeout + self.timeout)
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        """Record an explicit LAC on this bookie."""
+        try:
+            res = await self._stub.WriteLac(pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key),
+                                            timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        if res.status != pb.OK:
+            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+
+    async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
+        """Inclusive (first, last) ranges of the entry ids this bookie holds for the ledger
+        ([] if it holds none)."""
+        try:
+            res = await self._stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        if res.status == pb.NO_LEDGER:
+            return []
+        if res.status != pb.OK:
+            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        return [(r.first, r.last) for r in res.ranges]
+
+    async def list_ledgers(self) -> list[int]:
+        try:
+            res = await self._stub.ListLedgers(pb.ListLedgersRequest(), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        return list(res.ledger_ids)
+
+    async def info(self) -> dict:
+        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count."""
+        try:
+            res = await self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._rpc_error(exc) from None
+        return {"bookie_id": res.bookie_id, "read_only": res.read_only, "free_bytes": res.free_bytes,
+                "total_bytes": res.total_bytes, "version": res.version, "zone": res.zone,
+                "ledger_count": res.ledger_count}
+
+    def _rpc_error(self, exc: grpc.aio.AioRpcError) -> BookieError:
+        return BookieUnavailableError(f"{exc.code().name}: {exc.details()}", self.address)
+
+
+class _AddStream:
+    """One Add bidi stream: batches go out through a queue; results resolve the futures."""
+
+    def __init__(self, client: BookieClient):
+        self.client = client
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.inflight: dict[int, range] = {}
+        self.broken = False
+        self.call = client._stub.Add(self._requests())
+        self.task = asyncio.get_running_loop().create_task(self._receive())
+
+    async def _requests(self):
+        while True:
+            batch = await self.queue.get()
+            if batch is None:
+                return
+            yield batch
+
+    def send(self, batch: pb.AddBatch, ids: range) -> None:
+        self.inflight[ids[0]] = ids
+        self.queue.put_nowait(batch)
+
+    async def _receive(self) -> None:
+        client = self.client
+        futures = client._futures
+        try:
+            async for results in self.call:
+                first = None
+                for r in results.results:
+                    rid = r.request_id
+                    if first is None:
+                        first = rid
+                    done = futures.pop(rid, None)
+                    if done is None:
+                        continue
+                    status = r.status
+                    if done.__class__ is _Future:
+                        if done.done():
+                            continue
+                        if status == 0:
+                            done.set_result(None)
+                        else:
+                            done.set_exception(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message,
+                                                           client.address))
+                    elif status == 0:
+                        done(None)
+                    else:
+                        done(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message, client.address))
+                self.inflight.pop(first, None)
+                client._batch_done()
+            self.fail(BookieUnavailableError("add stream ended", client.address))
+        except grpc.aio.AioRpcError as exc:
+            self.fail(client._rpc_error(exc))
+        except asyncio.CancelledError:
+            self.fail(BookieUnavailableError("add stream cancelled", client.address))
+            raise
+        except Exception as exc:  # noqa: BLE001 - never leave an add hanging
+            self.fail(BookieUnavailableError(f"add stream failed: {exc}", client.address))
+
+    def fail(self, exc: BookieError) -> None:
+        """Fail every add sent on this stream and not yet answered."""
+        if self.broken and not self.inflight:
+            return
+        self.broken = True
+        client = self.client
+        for ids in self.inflight.values():
+            for rid in ids:
+                done = client._futures.pop(rid, None)
+                if done is not None:
+                    _complete(done, exc)
+            client._inflight -= 1
+        self.inflight.clear()
+        self.queue.put_nowait(None)
+        self.call.cancel()
+        if client._stream is self:
+            client._stream = None
+        if client._pending and client._inflight == 0 and not client._closed:
+            client._flush()

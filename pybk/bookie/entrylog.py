@@ -1,0 +1,120 @@
+"""Entry log files: where checkpointed entries live, `length u32 | ledger u64 | entry i64 | body` each.
+
+A location is (log id, offset of the record). A checkpoint appends one sorted batch with one
+write and one fsync; reads use pread on a cached descriptor per file.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from .index import KEY, LOCATION
+from .journal import _IOV_MAX, fsync_dir
+
+LOG_RECORD = struct.Struct(">IQq")
+LOG_HEADER = LOG_RECORD.size  # 20
+
+
+class EntryLogCorruptError(Exception):
+    """A location in the index points at a record that does not match."""
+
+
+class EntryLog:
+    """The entry log files of one ledger directory."""
+
+    def __init__(self, directory: Path, max_file_size: int = 1024 * 1024 * 1024):
+        self.directory = Path(directory) / "entrylogs"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_file_size = max_file_size
+        self._readers: dict[int, int] = {}
+        ids = self.log_ids()
+        self._current = ids[-1] if ids else 1
+        self._fd = os.open(self.path(self._current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._offset = os.fstat(self._fd).st_size
+
+    def path(self, log_id: int) -> Path:
+        return self.directory / f"entrylog-{log_id:08x}.log"
+
+    def log_ids(self) -> list[int]:
+        return sorted(int(p.stem.split("-", 1)[1], 16) for p in self.directory.glob("entrylog-*.log"))
+
+    def append_sorted(self, items: list[tuple[int, int, bytes]], dir_index: int = 0) -> list[tuple[bytes, bytes]]:
+        """Append (ledger, entry, body) records with one write + fsync (runs in a worker thread).
+
+        Returns the index's (key, location) pairs, already packed. Rotates to a new file first
+        when the current one is full, so a batch never straddles files.
+        """
+        if self._offset >= self.max_file_size:
+            os.close(self._fd)
+            self._current += 1
+            self._fd = os.open(self.path(self._current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fsync_dir(self.directory)
+            self._offset = 0
+        pack = LOG_RECORD.pack
+        key_pack, loc_pack = KEY.pack, LOCATION.pack
+        parts, locations = [], []
+        append, locate = parts.append, locations.append
+        offset, log_id = self._offset, self._current
+        for ledger, entry, body in items:
+            size = len(body)
+            append(pack(size, ledger, entry))
+            append(body)
+            locate((key_pack(ledger, entry), loc_pack(dir_index, log_id, offset)))
+            offset += LOG_HEADER + size
+        for i in range(0, len(parts), _IOV_MAX):
+            chunk = parts[i:i + _IOV_MAX]
+            n = os.writev(self._fd, chunk)
+            want = sum(map(len, chunk))
+            if n < want:  # short write: finish the rest the slow way
+                view = memoryview(b"".join(chunk))[n:]
+                while view:
+                    view = view[os.write(self._fd, view):]
+        os.fsync(self._fd)
+        self._offset = offset
+        return locations
+
+    def read(self, log_id: int, offset: int, ledger: int, entry: int) -> bytes:
+        """The body stored at a location; checks it is the entry the index says (event loop only:
+        the descriptors are cached per file)."""
+        fd = self._readers.get(log_id)
+        if fd is None:
+            fd = self._readers[log_id] = os.open(self.path(log_id), os.O_RDONLY)
+        return self.read_at(fd, log_id, offset, ledger, entry)
+
+    def read_at(self, fd: int, log_id: int, offset: int, ledger: int, entry: int) -> bytes:
+        """Like read, on a descriptor the caller owns (for worker threads)."""
+        head = os.pread(fd, LOG_HEADER, offset)
+        if len(head) < LOG_HEADER:
+            raise EntryLogCorruptError(f"{self.path(log_id)}: no record at offset {offset}")
+        length, l, e = LOG_RECORD.unpack(head)
+        if (l, e) != (ledger, entry):
+            raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: holds {l}:{e}, index says {ledger}:{entry}")
+        body = os.pread(fd, length, offset + LOG_HEADER)
+        if len(body) != length:
+            raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: record cut short")
+        return body
+
+    @property
+    def current(self) -> int:
+        """The log id new records go to."""
+        return self._current
+
+    def remove(self, log_id: int) -> None:
+        """Delete a log file nothing in the index points at any more (after compaction)."""
+        fd = self._readers.pop(log_id, None)
+        if fd is not None:
+            os.close(fd)
+        self.path(log_id).unlink(missing_ok=True)
+        fsync_dir(self.directory)
+
+    def size_bytes(self) -> int:
+        return sum(self.path(i).stat().st_size for i in self.log_ids())
+
+    def close(self) -> None:
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

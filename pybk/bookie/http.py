@@ -1,0 +1,107 @@
+"""The bookie's admin HTTP API (aiohttp) and Prometheus metrics endpoint."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from .main import BookieServer
+
+
+def make_app(server: "BookieServer") -> web.Application:
+    """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc},
+    /api/v1/ledger/{list,metadata}."""
+    app = web.Application()
+    bookie = server.storage
+
+    async def heartbeat(request: web.Request) -> web.Response:
+        return web.Response(text="OK\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(bookie.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def info(request: web.Request) -> web.Response:
+        return web.json_response(server.info())
+
+    async def state(request: web.Request) -> web.Response:
+        return web.json_response(server.state())
+
+    async def get_readonly(request: web.Request) -> web.Response:
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
+                                  "disk": bookie.read_only_disk})
+
+    async def put_readonly(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            value = body["readOnly"]
+            if not isinstance(value, bool):
+                raise TypeError
+        except Exception:  # noqa: BLE001 - any malformed body is the client's error
+            return web.json_response({"error": 'send JSON {"readOnly": true} or {"readOnly": false}'}, status=400)
+        bookie.set_read_only(value)
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
+                                  "disk": bookie.read_only_disk})
+
+    async def is_ready(request: web.Request) -> web.Response:
+        ready, why = server.ready()
+        return web.json_response({"ready": ready, "reason": why}, status=200 if ready else 503)
+
+    async def gc_status(request: web.Request) -> web.Response:
+        reg = server.registration
+        return web.json_response({"last": reg.last_gc if reg else None,
+                                  "enabled": reg is not None})
+
+    async def gc_run(request: web.Request) -> web.Response:
+        if server.registration is None:
+            return web.json_response({"error": "garbage collection needs --metadata-uri"}, status=409)
+        try:
+            return web.json_response(await server.registration.collect_garbage())
+        except Exception as exc:  # noqa: BLE001 - report, do not crash
+            return web.json_response({"error": str(exc)}, status=503)
+
+    async def ledger_list(request: web.Request) -> web.Response:
+        """Ledgers this bookie holds, with their LAC and fenced flag (?entries=true adds ranges)."""
+        with_entries = request.query.get("entries", "").lower() in ("1", "true", "yes")
+        out = []
+        for lid in sorted(bookie.ledgers):
+            st = bookie.ledgers[lid]
+            item = {"ledger_id": lid, "lac": st.last_add_confirmed, "fenced": st.fenced}
+            if with_entries:
+                item["entries"] = bookie.list_entries(lid)
+            out.append(item)
+        return web.json_response({"ledgers": out})
+
+    async def ledger_metadata(request: web.Request) -> web.Response:
+        try:
+            ledger_id = int(request.query["ledger_id"])
+        except (KeyError, ValueError):
+            return web.json_response({"error": "pass ?ledger_id=<integer>"}, status=400)
+        reg = server.registration
+        if reg is None or reg.store is None:
+            return web.json_response({"error": "no metadata store: the bookie runs without --metadata-uri"},
+                                     status=409)
+        from pybk.meta import MetadataError, NoSuchLedgerError
+        try:
+            md = await reg.store.ledgers.get(ledger_id)
+        except NoSuchLedgerError:
+            return web.json_response({"error": f"no ledger {ledger_id}"}, status=404)
+        except MetadataError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.json_response(md.to_json())
+
+    app.router.add_get("/api/v1/ledger/list", ledger_list)
+    app.router.add_get("/api/v1/ledger/metadata", ledger_metadata)
+    app.router.add_get("/heartbeat", heartbeat)
+    app.router.add_get("/api/v1/bookie/gc", gc_status)
+    app.router.add_post("/api/v1/bookie/gc", gc_run)
+    app.router.add_put("/api/v1/bookie/gc", gc_run)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v1/bookie/info", info)
+    app.router.add_get("/api/v1/bookie/state", state)
+    app.router.add_get("/api/v1/bookie/state/readonly", get_readonly)
+    app.router.add_put("/api/v1/bookie/state/readonly", put_readonly)
+    app.router.add_get("/api/v1/bookie/is_ready", is_ready)
+    return app

@@ -1,0 +1,212 @@
+"""`pybk bookie`: run a bookie storage server (gRPC data plane + admin HTTP + registration)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+import pybk
+
+from .bookie import Bookie, StorageOptions
+from .config import ConfigError, Option, add_options, parse_bool, parse_size, resolve
+from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
+from .journal import JournalCorruptError
+from .service import BookieService, make_server
+
+log = logging.getLogger("pybk.bookie")
+
+OPTIONS: list[Option] = [
+    Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix; without it the bookie runs "
+           "unregistered (no cookie in etcd, no registration)", metavar="URI"),
+    Option("host", "address to listen on and to advertise", "127.0.0.1"),
+    Option("bookie_id", "this bookie's id in the cluster (default host:port)", metavar="ID"),
+    Option("port", "gRPC port of the data plane", 3181, int),
+    Option("http_port", "admin HTTP port (/heartbeat, /metrics, /api/v1/bookie/...)", 8000, int),
+    Option("journal_dir", "journal directory (ideally on its own disk)", required=True, metavar="DIR"),
+    Option("ledger_dir", "ledger directory for entry logs (the first also holds the LMDB index)",
+           repeatable=True, required=True, metavar="DIR"),
+    Option("zone", "failure zone advertised in the registration (placement spreads across zones)", ""),
+    Option("rack", "rack advertised in the registration", ""),
+    Option("high_water_mark", "disk usage fraction at or above which the bookie turns read-only", 0.95, float),
+    Option("low_water_mark", "disk usage fraction below which a disk-read-only bookie is writable again",
+           0.90, float),
+    Option("disk_capacity", "byte budget for this bookie's dirs (e.g. 10GiB); water marks then apply to the "
+           "bytes in its dirs over this budget instead of the whole filesystem; 0 = filesystem", 0, parse_size),
+    Option("disk_check_interval", "seconds between disk usage checks", 1.0, float),
+    Option("journal_group_wait", "seconds the journal writer waits to gather more adds into one fdatasync "
+           "(0 = take whatever is queued)", 0.0, float),
+    Option("journal_group_max_bytes", "most bytes written per journal group commit", "16MiB", parse_size),
+    Option("journal_max_file_size", "journal files rotate at this size", "256MiB", parse_size),
+    Option("journal_fsync", "fdatasync the journal before acknowledging adds (false only for experiments)",
+           True, parse_bool),
+    Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, float),
+    Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
+    Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "
+           "flight and journal backlog hold more than this", "1GiB", parse_size),
+    Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
+    Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
+    Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
+           "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, float),
+    Option("compaction_threshold", "after garbage collection, rewrite entry logs whose live fraction is "
+           "below this (0 = never)", 0.5, float),
+    Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, int),
+    Option("autorecovery", "also run autorecovery (auditor candidate + replication worker) in this process; "
+           "tune it with PYBK_LOST_BOOKIE_DELAY, PYBK_AUDIT_INTERVAL, PYBK_LEDGER_PASSWORDS, ...", False, parse_bool),
+    Option("log_level", "DEBUG, INFO, WARNING or ERROR", "INFO"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, OPTIONS)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = resolve(args, OPTIONS)
+    except ConfigError as exc:
+        print(f"pybk bookie: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, str(cfg["log_level"]).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not 0 < cfg["low_water_mark"] <= cfg["high_water_mark"]:
+        print("pybk bookie: need 0 < low_water_mark <= high_water_mark", file=sys.stderr)
+        return 2
+    try:
+        sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
+        return asyncio.run(BookieServer(cfg).serve())
+    except (CookieMismatchError, JournalCorruptError) as exc:
+        print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
+        return 3
+    except OSError as exc:
+        print(f"pybk bookie: {exc}", file=sys.stderr)
+        return 1
+
+
+class BookieServer:
+    """Wires storage, gRPC service, admin HTTP and registration together for one process."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+        self.bookie_id = cfg["bookie_id"] or f"{cfg['host']}:{cfg['port']}"
+        self.journal_dir = Path(cfg["journal_dir"])
+        self.ledger_dirs = [Path(d) for d in cfg["ledger_dir"]]
+        opts = StorageOptions(
+            journal_max_file_size=cfg["journal_max_file_size"], group_wait=cfg["journal_group_wait"],
+            group_max_bytes=cfg["journal_group_max_bytes"], fsync=cfg["journal_fsync"],
+            checkpoint_interval=cfg["checkpoint_interval"], checkpoint_bytes=cfg["checkpoint_bytes"],
+            entrylog_max_file_size=cfg["entrylog_max_file_size"], max_entry_size=cfg["max_entry_size"],
+            high_water_mark=cfg["high_water_mark"], low_water_mark=cfg["low_water_mark"],
+            disk_capacity=cfg["disk_capacity"], disk_check_interval=cfg["disk_check_interval"],
+            compaction_threshold=cfg["compaction_threshold"], max_write_cache_bytes=cfg["max_write_cache_bytes"])
+        self.storage = Bookie(self.journal_dir, self.ledger_dirs, opts)
+        self.registration = None
+        self.serving = False
+        self._stop = asyncio.Event()
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"{self.cfg['host']}:{self.cfg['port']}"
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://{self.cfg['host']}:{self.cfg['http_port']}"
+
+    def info(self) -> dict[str, Any]:
+        free, total = self.storage.disk_space()
+        return {"bookie_id": self.bookie_id, "grpc": self.grpc_endpoint, "http": self.http_endpoint,
+                "zone": self.cfg["zone"], "rack": self.cfg["rack"], "version": pybk.__version__
+                if hasattr(pybk, "__version__") else "", "journal_dir": str(self.journal_dir),
+                "ledger_dirs": [str(d) for d in self.ledger_dirs], "free_bytes": free, "total_bytes": total,
+                "ledger_count": len(self.storage.ledgers), "read_only": self.storage.read_only}
+
+    def state(self) -> dict[str, Any]:
+        s = self.storage
+        return {"running": self.serving, "readOnly": s.read_only, "readOnlyForced": s.read_only_forced,
+                "readOnlyDisk": s.read_only_disk, "journalFailed": s.journal_failed, "diskUsage": s.disk_usage,
+                "highWaterMark": s.opts.high_water_mark, "lowWaterMark": s.opts.low_water_mark,
+                "writeCacheBytes": s.cache.bytes, "writeCacheEntries": s.cache.count,
+                "journalRecordsReplayed": s.replayed,
+                "registered": self.registration.state() if self.registration else None}
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready = serving, and registered when there is a metadata store (so a client that looks
+        the bookie up finds it)."""
+        if not self.serving:
+            return False, "starting"
+        if self.registration and self.registration.registered is None:
+            return False, f"not registered yet {self.registration.last_error}".strip()
+        return True, "serving"
+
+    async def serve(self) -> int:
+        """Run until SIGTERM/SIGINT; returns the exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        for d in [self.journal_dir, *self.ledger_dirs]:
+            d.mkdir(parents=True, exist_ok=True)
+        if self.cfg["metadata_uri"]:
+            from .registration import Registration
+            self.registration = Registration(self)
+            await self.registration.connect()
+            try:
+                await self.registration.verify_cookie()
+            except BaseException:
+                await self.registration.close()
+                raise
+        else:
+            expected = Cookie.for_dirs("", self.bookie_id, self.journal_dir, self.ledger_dirs)
+            if check_cookies(expected, [self.journal_dir, *self.ledger_dirs]):
+                for d in [self.journal_dir, *self.ledger_dirs]:
+                    write_local(d, expected)
+        try:
+            await self.storage.start()
+        except BaseException:
+            if self.registration:
+                await self.registration.close()
+            raise
+        service = BookieService(self.storage, self.bookie_id, self.cfg["zone"])
+        grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
+        await grpc_server.start()
+        app = _app(self)
+        embedded = None
+        if self.registration:
+            from pybk.recovery.embedded import mount
+            embedded = mount(app, self.registration.store, self.cfg["metadata_uri"], self.bookie_id,
+                             self.http_endpoint, run=self.cfg["autorecovery"])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.cfg["host"], self.cfg["http_port"])
+        await site.start()
+        self.serving = True
+        if self.registration:
+            self.storage.on_read_only_change = self.registration.read_only_changed
+            self.registration.start()
+            embedded.start()
+        else:
+            self.storage.on_read_only_change = None
+        log.info("bookie %s serving gRPC on %s, admin HTTP on %s", self.bookie_id, self.grpc_endpoint,
+                 self.http_endpoint)
+        print(json.dumps({"event": "ready", "bookie_id": self.bookie_id, "grpc": self.grpc_endpoint,
+                          "http": self.http_endpoint}), flush=True)
+        await self._stop.wait()
+        log.info("stopping")
+        self.serving = False
+        if self.registration:
+            await embedded.stop()
+            await self.registration.close()
+        await grpc_server.stop(grace=2)
+        await runner.cleanup()
+        await self.storage.close()
+        return 0
+
+
+def _app(server: BookieServer):
+    from .http import make_app
+    return make_app(server)

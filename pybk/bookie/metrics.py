@@ -1,0 +1,41 @@
+"""The bookie's Prometheus metrics, in a registry of its own (served at /metrics)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """Counters are bumped once per batch, never per entry, to keep the hot path cheap."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.adds = Counter("pybk_bookie_adds", "entries added (acknowledged OK)", registry=r)
+        self.add_errors = Counter("pybk_bookie_add_errors", "adds refused, by status", ["status"], registry=r)
+        self.add_bytes = Counter("pybk_bookie_add_bytes", "bytes of entry bodies added", registry=r)
+        self.reads = Counter("pybk_bookie_reads", "entries read and returned", registry=r)
+        self.read_requests = Counter("pybk_bookie_read_requests", "entry reads (Read RPCs for a range, "
+                                     "one entry or many) received", registry=r)
+        self.read_bytes = Counter("pybk_bookie_read_bytes", "bytes of entry bodies returned by reads", registry=r)
+        self.read_errors = Counter("pybk_bookie_read_errors", "reads answered with an error, by status",
+                                   ["status"], registry=r)
+        self.add_batch_size = Histogram("pybk_bookie_add_batch_entries", "entries per Add batch received",
+                                        buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384), registry=r)
+        self.journal_fsync = Histogram("pybk_bookie_journal_fsync_seconds",
+                                       "journal group commit latency (write + fdatasync)",
+                                       buckets=(.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .5, 1),
+                                       registry=r)
+        self.journal_group = Histogram("pybk_bookie_journal_group_appends", "appends per journal group commit",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.journal_bytes = Counter("pybk_bookie_journal_bytes", "bytes written to the journal", registry=r)
+        self.write_cache_bytes = Gauge("pybk_bookie_write_cache_bytes", "bytes in the write cache", registry=r)
+        self.write_cache_entries = Gauge("pybk_bookie_write_cache_entries", "entries in the write cache", registry=r)
+        self.checkpoints = Counter("pybk_bookie_checkpoints", "checkpoints completed", registry=r)
+        self.checkpoint_seconds = Histogram("pybk_bookie_checkpoint_seconds", "checkpoint duration", registry=r)
+        self.read_only = Gauge("pybk_bookie_read_only", "1 when the bookie is read-only", registry=r)
+        self.disk_usage = Gauge("pybk_bookie_disk_usage_ratio", "used fraction of the bookie's disk", registry=r)
+        self.ledgers = Gauge("pybk_bookie_ledgers", "ledgers known to this bookie", registry=r)
+
+    def journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:
+        self.journal_fsync.observe(seconds)
+        self.journal_group.observe(appends)
+        self.journal_bytes.inc(nbytes)

@@ -1,0 +1,55 @@
+"""The `pybk` command: one entry point, a subcommand per part.
+
+Each subcommand lives in the module of its part, which exposes
+`add_arguments(parser)` and `run(args) -> int`. Only the chosen subcommand's module
+is imported, so `pybk shell ...` does not pay for importing Spark or kopf.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bookie": ("pybk.bookie.main", "run a bookie storage server"),
+    "autorecovery": ("pybk.recovery.main", "run the auditor and a replication worker"),
+    "operator": ("pybk.operator.main", "run the Kubernetes operator for BookieCluster resources"),
+    "local": ("pybk.local.main", "run a local cluster (etcd + bookies + autorecovery) as child processes"),
+    "shell": ("pybk.shell", "inspect and administer a cluster (list bookies, ledgers, read, ...)"),
+    "bench": ("pybk.bench", "benchmarks: bookie, meta, write, read, recovery, spark"),
+}
+
+
+def _chosen(argv: list[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The top-level parser; only the chosen subcommand gets its full arguments."""
+    parser = argparse.ArgumentParser(
+        prog="pybk", description="pybk: replicated, append-only ledger storage (BookKeeper model).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = _chosen(argv)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""`BookKeeper`: the client's entry point. Creates, opens, deletes and lists ledgers, and keeps
+one connection per bookie, shared by every handle."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import AsyncIterator, Mapping
+
+from pybk.entry import DigestType, master_key, password_hash
+from pybk.meta import MetadataStore
+from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedger
+
+from . import placement, quorum
+from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError,
+                     UnauthorizedError)
+
+log = logging.getLogger("pybk.client")
+
+
+@dataclass
+class ClientOptions:
+    """Timing knobs of the protocol; the defaults suit a LAN."""
+
+    add_timeout: float = 10.0             # an add unanswered this long triggers an ensemble change
+    read_timeout: float = 10.0            # give up on one replica's read after this long
+    speculative_read_delay: float = 0.05  # ask the next replica if the first is this slow
+    explicit_lac_delay: float = 0.05      # after adds go idle, tell bookies the LAC this soon
+    fence_timeout: float = 10.0           # recovery waits this long for fencing coverage
+
+
+class BookKeeper:
+    """A connection to a pybk cluster (metadata store + bookies)."""
+
+    def __init__(self, store: MetadataStore, options: ClientOptions | None = None):
+        self.store = store
+        self.options = options or ClientOptions()
+        self._addresses: dict[str, str] = {}
+        self._clients: dict[str, asyncio.Future] = {}
+        self._handles: weakref.WeakSet = weakref.WeakSet()
+        self.digest_mismatches = 0
+
+    @classmethod
+    async def connect(cls, uri: str, options: ClientOptions | None = None) -> "BookKeeper":
+        """Connect to the metadata service at `uri` (etcd://host:port[,host:port]/prefix)."""
+        return cls(await MetadataStore.connect(uri), options)
+
+    async def __aenter__(self) -> "BookKeeper":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every bookie connection and the metadata session. Write handles still open
+        stop where they are (their ledgers stay OPEN, as after a crash: recovery closes them)."""
+        for h in list(self._handles):
+            h._abandon()
+        clients, self._clients = self._clients, {}
+        for fut in clients.values():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                try:
+                    await fut.result().close()
+                except Exception:
+                    pass
+            else:
+                fut.cancel()
+        await self.store.close()
+
+    # ---- ledgers ------------------------------------------------------------------------
+
+    async def create_ledger(self, ensemble: int = 3, write_quorum: int | None = None,
+                            ack_quorum: int | None = None, digest: DigestType = DigestType.CRC32C,
+                            password: bytes = b"", metadata: Mapping[str, bytes] | None = None):
+        """Create a ledger on `ensemble` bookies chosen by placement; returns its write handle.
+        Its metadata keeps the master key (not the password) so autorecovery can repair it."""
+        from .handle import LedgerHandle
+        write_quorum = ensemble if write_quorum is None else write_quorum
+        ack_quorum = write_quorum if ack_quorum is None else ack_quorum
+        try:
+            quorum.validate(ensemble, write_quorum, ack_quorum)
+        except ValueError as e:
+            raise InvalidLedgerConfigError(str(e)) from None
+        custom = dict(metadata or {})
+        for k, v in custom.items():
+            if not isinstance(k, str) or not isinstance(v, (bytes, bytearray)):
+                raise InvalidLedgerConfigError(f"custom metadata must map str to bytes, got {k!r}: {type(v).__name__}")
+        bookies = placement.choose_ensemble(await self.writable_bookies(), ensemble)
+        md = await self.store.ledgers.create(
+            bookies, write_quorum, ack_quorum, digest_type=digest, password_hash=password_hash(password),
+            custom=custom, ensemble_size=ensemble, master_key=master_key(password))
+        lh = LedgerHandle(self, md, password, writable=True)
+        self._handles.add(lh)
+        await lh._connect_ensemble()
+        return lh
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True):
+        """Open a ledger for reading. With recovery (the default) an open ledger is fenced,
+        recovered and closed first; without, the handle tails it up to the LAC."""
+        from .handle import LedgerHandle
+        from .recovery import recover
+        md = await self.ledger_metadata(ledger_id)
+        if md.password_hash != password_hash(password):
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        if recovery and md.state.name != "CLOSED":
+            md = await recover(self, md, password)
+        lh = LedgerHandle(self, md, password, writable=False)
+        if md.state.name != "CLOSED":
+            try:
+                await lh.read_last_add_confirmed()
+            except Exception as e:  # a tailing reader still opens; it learns the LAC later
+                log.info("ledger %d: could not read the LAC on open: %s", ledger_id, e)
+        return lh
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's metadata; bookies garbage-collect its entries later."""
+        try:
+            await self.store.ledgers.delete(ledger_id)
+        except MetaNoSuchLedger:
+            raise NoSuchLedgerError(ledger_id) from None
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        """Ids of all ledgers, in order."""
+        async for lid in self.store.ledgers.list():
+            yield lid
+
+    async def ledger_metadata(self, ledger_id: int):
+        """The ledger's current metadata (`pybk.meta.LedgerMetadata`)."""
+        try:
+            return await self.store.ledgers.get(ledger_id)
+        except MetaNoSuchLedger:
+            raise NoSuchLedgerError(ledger_id) from None
+
+    # ---- bookies ------------------------------------------------------------------------
+
+    async def writable_bookies(self) -> dict[str, str | None]:
+        """{bookie id: zone} of the writable bookies; also refreshes the address cache."""
+        infos = await self.store.registry.writable()
+        self._learn_addresses(infos)
+        return {bid: (info.zone or None) for bid, info in infos.items()}
+
+    async def _address(self, bookie_id: str) -> str:
+        addr = self._addresses.get(bookie_id)
+        if addr is None:
+            await self.writable_bookies()
+            self._learn_addresses(await self.store.registry.readonly())
+            addr = self._addresses.get(bookie_id)
+        if addr is None:
+            raise BookieUnavailableError(f"bookie {bookie_id} is not registered (down?)")
+        return addr
+
+    def _learn_addresses(self, infos: Mapping) -> None:
+        """Remember where bookies listen; a bookie that moved gets a new connection."""
+        for bid, info in infos.items():
+            if self._addresses.get(bid, info.grpc) != info.grpc:
+                moved = self._clients.pop(bid, None)
+                if moved is not None and moved.done() and not moved.cancelled() and moved.exception() is None:
+                    asyncio.ensure_future(moved.result().close())
+            self._addresses[bid] = info.grpc
+
+    def cached_client(self, bookie_id: str):
+        """The connected client of a bookie, or None if there is none yet."""
+        fut = self._clients.get(bookie_id)
+        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+            return fut.result()
+        return None
+
+    async def client(self, bookie_id: str):
+        """The (shared) BookieClient of a bookie; raises BookieUnavailableError."""
+        from pybk.bookie.client import BookieClient
+        fut = self._clients.get(bookie_id)
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            async def connect():
+                return await BookieClient.connect(await self._address(bookie_id))
+            fut = self._clients[bookie_id] = asyncio.ensure_future(connect())
+        try:
+            return await asyncio.shield(fut)
+        except BookieUnavailableError:
+            raise
+        except Exception as e:
+            raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e}") from e

@@ -1,0 +1,462 @@
+"""`LedgerHandle`: one ledger, open for writing (its single writer) or for reading.
+
+The write path: each add gets the next entry id, is encoded with the current LAC and sent
+to its write set; acks complete futures in entry order (AckTracker). A bookie that fails
+or times out is replaced by an ensemble change: a CAS appending a fragment at the first
+un-acked entry, then pending entries are resent to the new bookies.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import AsyncIterator, NamedTuple
+
+from pybk.entry import encode, master_key
+from pybk.meta.errors import VersionConflictError
+from pybk.meta.ledgers import Fragment, LedgerState
+
+from . import reader
+from .close import CloseOutcome, after_close_conflict
+from .errors import (BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError,
+                     UnauthorizedError)
+from .placement import replace_bookies
+from .quorum import AckTracker, write_quorums, write_set
+
+log = logging.getLogger("pybk.client")
+
+
+class LedgerEntry(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+
+class _Pending:
+    __slots__ = ("entry_id", "body", "size", "future", "sent_at")
+
+    def __init__(self, entry_id: int, body: bytes, size: int, future: asyncio.Future, sent_at: float):
+        self.entry_id = entry_id
+        self.body = body
+        self.size = size
+        self.future = future
+        self.sent_at = sent_at
+
+
+def with_fragment(md, first_entry_id: int, bookies: list[str]):
+    """Metadata with a new last fragment from `first_entry_id` (replacing a last fragment
+    that starts there already, whose entries were never acked)."""
+    frags = list(md.fragments)
+    if frags and frags[-1].first_entry_id == first_entry_id:
+        frags.pop()
+    frags.append(Fragment(first_entry_id, list(bookies)))
+    return md.replace(fragments=frags)
+
+
+class LedgerHandle:
+    """A ledger open for writing (from `create_ledger`) or reading (from `open_ledger`)."""
+
+    def __init__(self, bk, md, password: bytes, writable: bool):
+        self._bk = bk
+        self._md = md
+        self.password = password
+        self.master_key = master_key(password)
+        self.writable = writable
+        self._closed = md.state.name == "CLOSED"
+        self._lac = md.last_entry_id if self._closed else -1
+        self._error: BKError | None = None
+        if writable:
+            e, qw, qa = md.ensemble_size, md.write_quorum, md.ack_quorum
+            self._tracker = AckTracker(e, qw, qa)
+            self._ws = [write_set(e, qw, i) for i in range(e)]
+            self._pending: list[_Pending] = []
+            self._head = 0                         # index of the first live item in _pending
+            self._length = 0
+            self._ensemble = list(md.fragments[-1].bookies)
+            self._clients: list = [None] * e
+            self._failed: set[int] = set()         # ensemble indices being replaced
+            self._failed_ids: set[str] = set()     # every bookie this writer gave up on
+            self._changing: asyncio.Task | None = None
+            self._acked_during_change: list[tuple[int, bytes]] = []
+            self._lac_timer: asyncio.TimerHandle | None = None
+            self._lac_told = -1
+            self._closing = False
+            self._watchdog: asyncio.Task | None = None
+            self._loop = asyncio.get_running_loop()
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def ledger_id(self) -> int:
+        return self._md.ledger_id
+
+    @property
+    def metadata(self):
+        """The ledger metadata as this handle last saw it."""
+        return self._md
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The last entry known to be acked (the last entry, for a closed ledger)."""
+        return self._tracker.lac if self.writable else self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def length(self) -> int:
+        return self._length if self.writable else self._md.length
+
+    # ---- writing ------------------------------------------------------------------------
+
+    async def _connect_ensemble(self) -> None:
+        results = await asyncio.gather(*(self._bk.client(b) for b in self._ensemble), return_exceptions=True)
+        for i, r in enumerate(results):
+            if isinstance(r, BaseException):
+                self._bookie_failed(i, r)
+            else:
+                self._clients[i] = r
+        self._watchdog = asyncio.ensure_future(self._watch_timeouts())
+
+    async def add_entry(self, data: bytes) -> int:
+        """Append `data`; returns its entry id once it is acked (Qa copies, all before it acked)."""
+        return await self.add_entry_async(data)
+
+    def add_entry_async(self, data: bytes) -> asyncio.Future:
+        """Append `data` without waiting: returns a future of its entry id. Adds are pipelined
+        and acked in order."""
+        if not self.writable:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(LedgerClosedError(f"ledger {self.ledger_id} was opened for reading only"))
+            return fut
+        fut = self._loop.create_future()
+        if self._error is not None:
+            fut.set_exception(self._error)
+            return fut
+        if self._closing or self._closed:
+            fut.set_exception(LedgerClosedError(f"ledger {self.ledger_id} is closed"))
+            return fut
+        if type(data) is not bytes:
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                fut.set_exception(TypeError(f"entry data must be bytes, not {type(data).__name__}"))
+                return fut
+            data = bytes(data)
+        t = self._tracker
+        eid = t.add()
+        lac = t.lac
+        md = self._md
+        lid = md.ledger_id
+        body = encode(lid, eid, lac, data, md.digest_type, self.password)
+        self._lac_told = lac
+        self._pending.append(_Pending(eid, body, len(data), fut, time.monotonic()))
+        failed, clients, ensemble, mk, done = self._failed, self._clients, self._ensemble, self.master_key, self._on_add_done
+        for idx in self._ws[eid % md.ensemble_size]:
+            c = clients[idx]
+            if c is not None and idx not in failed:
+                c.add_callback(lid, eid, body, mk, False, partial(done, idx, ensemble[idx], eid))
+        return fut
+
+    def _send(self, idx: int, eid: int, body: bytes, recovery: bool = False) -> None:
+        c = self._clients[idx]
+        if c is None:
+            return
+        c.add_callback(self._md.ledger_id, eid, body, self.master_key, recovery,
+                       partial(self._on_add_done, idx, self._ensemble[idx], eid))
+
+    def _on_add_done(self, idx: int, bookie: str, eid: int, exc: BaseException | None) -> None:
+        if self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed:
+            return  # a late answer from a bookie we already replaced, or after the close
+        if exc is None:
+            t = self._tracker
+            old = t.lac
+            if t.ack(eid, idx) != old:
+                self._complete_acked()
+            return
+        code = getattr(getattr(exc, "code", None), "name", None)
+        if code == "FENCED":
+            self._fail(LedgerFencedError(
+                f"ledger {self.ledger_id} was fenced by a recovery (bookie {bookie} refused entry {eid}); "
+                f"pending adds may or may not be stored: open the ledger to see"))
+        elif code == "UNAUTHORIZED":
+            self._fail(UnauthorizedError(f"bookie {bookie} refused the master key of ledger {self.ledger_id}"))
+        elif code == "BAD_REQUEST":  # every bookie would refuse it (e.g. too large): no ensemble change helps
+            self._fail(BKError(f"bookie {bookie} refused entry {eid} of ledger {self.ledger_id} as a bad "
+                               f"request ({getattr(exc, 'message', exc)}); this handle can add no more"))
+        elif code == "TOO_MANY_REQUESTS":
+            self._loop.call_later(0.01, self._resend_if_pending, idx, eid)
+        else:
+            self._bookie_failed(idx, exc)
+
+    def _resend_if_pending(self, idx: int, eid: int) -> None:
+        if self._error is None and eid in self._tracker.pending and idx not in self._failed:
+            p = self._pending[self._head + eid - self._tracker.lac - 1]
+            self._send(idx, eid, p.body)
+
+    def _complete_acked(self) -> None:
+        lac = self._tracker.lac
+        pending, head = self._pending, self._head
+        keep = self._changing is not None
+        while head < len(pending) and pending[head].entry_id <= lac:
+            p = pending[head]
+            pending[head] = None
+            head += 1
+            self._length += p.size
+            if keep:
+                self._acked_during_change.append((p.entry_id, p.body))
+            if not p.future.done():
+                p.future.set_result(p.entry_id)
+        if head > 1024 and head * 2 > len(pending):
+            del pending[:head]
+            head = 0
+        self._head = head
+        if self._lac_timer is None and head == len(pending):
+            self._lac_timer = self._loop.call_later(self._bk.options.explicit_lac_delay, self._flush_lac)
+
+    def _live_pending(self) -> list[_Pending]:
+        return self._pending[self._head:]
+
+    def _flush_lac(self) -> None:
+        """Adds went idle: the last LAC rode on no entry yet, so tell the bookies explicitly
+        (tailing readers can then read up to the last acked entry)."""
+        self._lac_timer = None
+        lac = self._tracker.lac
+        if lac <= self._lac_told or self._error is not None or self._head != len(self._pending):
+            return
+        self._lac_told = lac
+        for idx, c in enumerate(self._clients):
+            if c is not None and idx not in self._failed:
+                t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
+                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _fail(self, error: BKError) -> None:
+        """The handle can no longer write: fail every pending and future add with `error`."""
+        if self._error is None:
+            self._error = error
+            log.warning("ledger %d: %s", self.ledger_id, error)
+        for p in self._live_pending():
+            if not p.future.done():
+                p.future.set_exception(error)
+                p.future.exception()  # mark retrieved: callers of add_entry_async may drop it
+        self._pending, self._head = [], 0
+
+    def _bookie_failed(self, idx: int, reason: object) -> None:
+        if idx in self._failed or self._error is not None or self._closed:
+            return
+        bookie = self._ensemble[idx]
+        log.warning("ledger %d: bookie %s (index %d) failed an add: %s; changing the ensemble",
+                    self.ledger_id, bookie, idx, reason)
+        self._failed.add(idx)
+        self._failed_ids.add(bookie)
+        if self._changing is None:
+            self._changing = asyncio.ensure_future(self._change_ensemble())
+
+    def _degraded_ok(self) -> bool:
+        """Every write quorum still has Qa healthy bookies, so adds can complete without a
+        replacement (they are under-replicated until one is found)."""
+        md = self._md
+        return all(sum(1 for i in q if i not in self._failed) >= md.ack_quorum
+                   for q in write_quorums(md.ensemble_size, md.write_quorum))
+
+    async def _change_ensemble(self) -> None:
+        store = self._bk.store
+        try:
+            while self._failed and self._error is None:
+                replace = set(self._failed)
+                try:
+                    writable = await self._bk.writable_bookies()
+                    md = self._md
+                    while True:
+                        current = list(md.fragments[-1].bookies)
+                        try:
+                            new_ens = replace_bookies(writable, current, replace, exclude=self._failed_ids)
+                        except NotEnoughBookiesError:
+                            # a bookie that failed earlier may be back (restarted, or the error was
+                            # transient): better than none; pause so a dead one is not retried hot
+                            await asyncio.sleep(0.5)
+                            writable = await self._bk.writable_bookies()
+                            new_ens = replace_bookies(writable, current, replace)
+                        candidate = with_fragment(md, self._tracker.lac + 1, new_ens)
+                        try:
+                            md = await store.ledgers.cas(candidate)
+                            break
+                        except VersionConflictError as e:
+                            md = e.current if e.current is not None else await store.ledgers.get(self.ledger_id)
+                            if md.state.name != "OPEN":
+                                self._md = md
+                                self._fail(self._not_open_error(md))
+                                return
+                except NotEnoughBookiesError as e:
+                    if not self._degraded_ok():
+                        self._fail(e)
+                        return
+                    log.warning("ledger %d: %s; writing on with %d of %d bookies, retrying in 1s",
+                                self.ledger_id, e, self._md.ensemble_size - len(self._failed),
+                                self._md.ensemble_size)
+                    await asyncio.sleep(1.0)
+                    continue
+                new_ens = list(md.fragments[-1].bookies)
+                replace |= {i for i, b in enumerate(new_ens) if b != self._ensemble[i]}
+                new_clients = {}
+                for i in replace:
+                    try:
+                        new_clients[i] = await self._bk.client(new_ens[i])
+                    except Exception as e:
+                        new_clients[i] = None
+                        self._failed_ids.add(new_ens[i])
+                        log.warning("ledger %d: replacement bookie %s unreachable: %s", self.ledger_id, new_ens[i], e)
+                log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id,
+                         md.fragments[-1].first_entry_id, [self._ensemble[i] for i in sorted(replace)],
+                         [new_ens[i] for i in sorted(replace)])
+                self._md = md
+                self._ensemble = list(md.fragments[-1].bookies)
+                for i, c in new_clients.items():
+                    self._clients[i] = c
+                self._tracker.forget(replace)
+                self._failed -= replace
+                now = time.monotonic()
+                first = md.fragments[-1].first_entry_id
+                e_size = md.ensemble_size
+                for eid, body in self._acked_during_change:
+                    if eid >= first:
+                        for idx in self._ws[eid % e_size]:
+                            if idx in replace:
+                                self._send(idx, eid, body)
+                self._acked_during_change = []
+                for p in self._live_pending():
+                    p.sent_at = now
+                    for idx in self._ws[p.entry_id % e_size]:
+                        if idx in replace:
+                            self._send(idx, p.entry_id, p.body)
+                for i, c in new_clients.items():
+                    if c is None:
+                        self._bookie_failed_later(i)
+        except Exception as e:  # metadata unreachable etc.: the writer cannot safely go on
+            log.exception("ledger %d: ensemble change failed", self.ledger_id)
+            self._fail(e if isinstance(e, BKError) else BKError(f"ensemble change of ledger {self.ledger_id} failed: {e}"))
+        finally:
+            self._changing = None
+            self._acked_during_change = []
+
+    def _bookie_failed_later(self, idx: int) -> None:
+        self._loop.call_soon(self._bookie_failed, idx, "unreachable replacement")
+
+    def _not_open_error(self, md) -> BKError:
+        if md.state.name == "CLOSED":
+            return LedgerClosedError(f"ledger {self.ledger_id} was closed by someone else at entry {md.last_entry_id}")
+        return LedgerFencedError(f"ledger {self.ledger_id} is being recovered by a reader: this writer is fenced")
+
+    async def _watch_timeouts(self) -> None:
+        """Replace bookies that leave the oldest pending add unanswered for add_timeout."""
+        timeout = self._bk.options.add_timeout
+        while not self._closed and self._error is None:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            live = self._live_pending()
+            if not live or self._changing is not None:
+                continue
+            oldest = live[0]
+            if time.monotonic() - oldest.sent_at < timeout:
+                continue
+            acked = self._tracker.acks(oldest.entry_id)
+            for idx in self._ws[oldest.entry_id % self._md.ensemble_size]:
+                if idx not in acked:
+                    self._bookie_failed(idx, f"no answer to entry {oldest.entry_id} within {timeout:.1f}s")
+
+    async def close(self) -> None:
+        """Close the ledger: wait for pending adds, then CAS it CLOSED at the LAC.
+
+        A lost CAS is decided as DESIGN §2 says: still OPEN -> retry; IN_RECOVERY -> fenced
+        error; CLOSED at our LAC -> done; CLOSED elsewhere -> error."""
+        if self._closed:
+            return
+        if not self.writable:
+            self._closed = True
+            return
+        self._closing = True
+        live = [p.future for p in self._live_pending()]
+        if live:
+            await asyncio.gather(*live, return_exceptions=True)
+        if self._changing is not None:  # nothing is pending: a change still running (e.g. waiting
+            self._changing.cancel()       # for a replacement bookie) has nothing left to do
+            await asyncio.gather(self._changing, return_exceptions=True)
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        lac = self._tracker.lac
+        md = self._md
+        while True:
+            candidate = md.replace(state=LedgerState.CLOSED, last_entry_id=lac, length=self._length)
+            try:
+                md = await self._bk.store.ledgers.cas(candidate)
+                break
+            except VersionConflictError as e:
+                md = e.current if e.current is not None else await self._bk.store.ledgers.get(self.ledger_id)
+                outcome = after_close_conflict(md.state.name, md.last_entry_id, lac)
+                if outcome is CloseOutcome.RETRY:
+                    continue
+                self._md = md
+                if outcome is CloseOutcome.SUCCESS:
+                    break
+                self._closed = True
+                if outcome is CloseOutcome.IN_RECOVERY:
+                    raise LedgerFencedError(f"cannot close ledger {self.ledger_id}: a reader is recovering it "
+                                            f"(this writer acked up to entry {lac})") from None
+                raise LedgerClosedError(
+                    f"ledger {self.ledger_id} was closed by someone else at last entry {md.last_entry_id}, "
+                    f"but this writer acked up to entry {lac}") from None
+        self._md = md
+        self._closed = True
+        self._lac = lac
+
+    def _abandon(self) -> None:
+        """Stop background work without touching metadata (the BookKeeper is closing)."""
+        if not self.writable or self._closed:
+            return
+        self._fail(LedgerClosedError(f"the client of ledger {self.ledger_id} was closed before the ledger"))
+        for t in (self._watchdog, self._changing):
+            if t is not None:
+                t.cancel()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
+    async def __aenter__(self) -> "LedgerHandle":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def read_entries(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries first..last (inclusive), in order, digest-verified; last may not pass the LAC."""
+        return reader.read_entries(self, first, last)
+
+    async def read_entry(self, entry_id: int) -> bytes:
+        """One entry's payload."""
+        return await reader.read_entry(self, entry_id)
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the bookies of the last fragment for their LAC; the max of a covering quorum."""
+        return await reader.read_last_add_confirmed(self)
+
+    async def wait_last_add_confirmed(self, previous: int, timeout: float = 10.0) -> int:
+        """Long-poll: return as soon as the LAC passes `previous`, or the LAC at `timeout`."""
+        return await reader.wait_last_add_confirmed(self, previous, timeout)
+
+    def _learn_lac(self, lac: int) -> None:
+        if not self.writable and not self._closed and lac > self._lac:
+            self._lac = lac
+
+    async def refresh_metadata(self):
+        """Re-read the metadata (a tailing reader learns here that the ledger was closed)."""
+        md = await self._bk.ledger_metadata(self.ledger_id)
+        if not self.writable:
+            self._md = md
+            if md.state.name == "CLOSED":
+                self._closed = True
+                self._lac = md.last_entry_id
+        return md

@@ -1,0 +1,195 @@
+"""Fencing and recovery of an open ledger (DESIGN §2), as a reader that takes over:
+
+1. CAS the metadata to IN_RECOVERY (the old writer's next ensemble change or close fails);
+2. fence every bookie of the last fragment until each write quorum has Qw - Qa + 1 answers
+   (the old writer can then get no add acked); take the max LAC they report;
+3. read forward from LAC + 1 one entry at a time; an entry found anywhere is re-written to
+   its whole write quorum with the recovery flag; stop at the first entry that Qw - Qa + 1
+   replicas lack;
+4. CAS CLOSED at the last entry found. Concurrent recoveries converge: each step is a CAS or
+   idempotent, and a recovery that loses the final CAS adopts the winner's closed metadata.
+
+Autorecovery may not know the password: it fences and re-writes with the master key stored in
+the metadata, and, lacking the password, checks MAC entries structurally only (CRC32C is always
+verified; entries are copied verbatim, so readers still verify the MAC).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pybk.entry import DigestMismatch, DigestType, decode
+from pybk.entry import master_key as make_master_key
+from pybk.meta.errors import VersionConflictError
+from pybk.meta.ledgers import LedgerState
+
+from .errors import LedgerRecoveryError, UnauthorizedError
+from .quorum import (RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision,
+                     write_set)
+
+log = logging.getLogger("pybk.client")
+
+
+def _code(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "code", None), "name", None)
+
+
+async def _cas_loop(store, md, change):
+    """Apply `change(md) -> md | None` by CAS until it sticks or `change` says stop (None)."""
+    while True:
+        new = change(md)
+        if new is None:
+            return md
+        try:
+            return await store.ledgers.cas(new)
+        except VersionConflictError as e:
+            md = e.current if e.current is not None else await store.ledgers.get(md.ledger_id)
+
+
+async def _fence(bk, md, mk: bytes) -> int:
+    """Fence the last fragment's bookies until coverage; returns the max LAC they reported."""
+    ensemble = list(md.fragments[-1].bookies)
+    lid = md.ledger_id
+
+    async def one(i: int) -> tuple[int, int]:
+        c = await bk.client(ensemble[i])
+        try:
+            return i, await c.fence(lid, mk)
+        except Exception as e:
+            if _code(e) == "NO_LEDGER":  # never saw an entry; it is fenced now all the same
+                return i, -1
+            raise
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(ensemble))]
+    answers: dict[int, int] = {}
+    errors: list[str] = []
+    try:
+        async with asyncio.timeout(bk.options.fence_timeout):
+            for fut in asyncio.as_completed(tasks):
+                try:
+                    i, lac = await fut
+                except Exception as e:
+                    if _code(e) == "UNAUTHORIZED":
+                        raise UnauthorizedError(f"bookie refused to fence ledger {lid}: wrong password ({e})")
+                    errors.append(str(e))
+                    continue
+                answers[i] = lac
+                if fencing_complete(md.ensemble_size, md.write_quorum, md.ack_quorum, answers):
+                    break
+    except TimeoutError:
+        errors.append(f"timed out after {bk.options.fence_timeout:.0f}s")
+    for t in tasks:  # stragglers keep fencing in the background; their results do not matter
+        t.add_done_callback(lambda t: t.cancelled() or t.exception())
+    if not fencing_complete(md.ensemble_size, md.write_quorum, md.ack_quorum, answers):
+        raise LedgerRecoveryError(
+            f"cannot fence ledger {lid}: {len(answers)} of {len(ensemble)} bookies of {ensemble} answered, "
+            f"every write quorum needs {md.write_quorum - md.ack_quorum + 1} ({'; '.join(errors)})")
+    return max(answers.values())
+
+
+async def _recovery_read(bk, md, password: bytes | None,
+                         entry_id: int) -> tuple[RecoveryDecision, bytes | None, str]:
+    """Ask the entry's whole write quorum; decide as soon as the answers allow."""
+    ensemble = md.ensemble_for(entry_id)
+    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    lid = md.ledger_id
+
+    async def one(bookie: str) -> tuple[ReplicaAnswer, bytes | None, str]:
+        try:
+            c = await bk.client(bookie)
+            body = await asyncio.wait_for(c.read(lid, entry_id), bk.options.read_timeout)
+        except Exception as e:
+            if _code(e) in ("NO_ENTRY", "NO_LEDGER"):
+                return ReplicaAnswer.MISSING, None, f"{bookie}: {_code(e)}"
+            return ReplicaAnswer.ERROR, None, f"{bookie}: {e}"
+        try:
+            decode(body, md.digest_type, password or b"", ledger_id=lid, entry_id=entry_id,
+                   verify_digest=password is not None or md.digest_type is DigestType.CRC32C)
+        except DigestMismatch as e:
+            bk.digest_mismatches += 1
+            log.warning("recovery of ledger %d: corrupt replica of entry %d on %s: %s", lid, entry_id, bookie, e)
+            return ReplicaAnswer.ERROR, None, f"{bookie}: {e}"
+        return ReplicaAnswer.FOUND, body, bookie
+
+    tasks = [asyncio.ensure_future(one(b)) for b in replicas]
+    answers: list[ReplicaAnswer] = []
+    notes: list[str] = []
+    try:
+        for fut in asyncio.as_completed(tasks):
+            answer, body, note = await fut
+            answers.append(answer)
+            notes.append(note)
+            decision = recovery_read_decision(md.write_quorum, md.ack_quorum, answers)
+            if decision is RecoveryDecision.EXISTS:
+                return decision, body, note
+            if decision is not RecoveryDecision.UNDECIDED:
+                return decision, None, "; ".join(notes)
+    finally:
+        for t in tasks:
+            t.cancel()
+    return RecoveryDecision.FAILED, None, "; ".join(notes)
+
+
+async def _rewrite(bk, md, mk: bytes, entry_id: int, body: bytes) -> None:
+    """Recovery-add the entry to its whole write quorum; at least Qa must store it."""
+    ensemble = md.ensemble_for(entry_id)
+    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+
+    async def one(bookie: str) -> None:
+        c = await bk.client(bookie)
+        await asyncio.wait_for(c.add(md.ledger_id, entry_id, body, master_key=mk, recovery=True),
+                               bk.options.add_timeout)
+
+    results = await asyncio.gather(*(one(b) for b in replicas), return_exceptions=True)
+    ok = sum(1 for r in results if not isinstance(r, BaseException))
+    if ok < md.ack_quorum:
+        detail = "; ".join(f"{b}: {r}" for b, r in zip(replicas, results) if isinstance(r, BaseException))
+        raise LedgerRecoveryError(f"recovery of ledger {md.ledger_id}: entry {entry_id} re-written to only "
+                                  f"{ok} of {len(replicas)} bookies, needs {md.ack_quorum} ({detail})")
+
+
+async def recover(bk, md, password: bytes | None, master_key: bytes | None = None):
+    """Fence, recover and close an OPEN or IN_RECOVERY ledger; returns its CLOSED metadata.
+
+    With password None (autorecovery without it), bookies get `master_key` (default: the one
+    stored in md) and MAC digests are not verified; UnauthorizedError if no key is stored."""
+    store = bk.store
+    lid = md.ledger_id
+    mk = master_key
+    if mk is None:
+        mk = make_master_key(password) if password is not None else md.master_key
+    if not mk:
+        raise UnauthorizedError(f"ledger {lid} stores no master key: recovering it needs its password")
+
+    def to_recovery(m):
+        return m.replace(state=LedgerState.IN_RECOVERY) if m.state is LedgerState.OPEN else None
+
+    md = await _cas_loop(store, md, to_recovery)
+    if md.state.name == "CLOSED":
+        return md
+    lac = await _fence(bk, md, mk)
+    last_fragment_first = md.fragments[-1].first_entry_id
+    entry = max(lac, last_fragment_first - 1) + 1  # entries before the last fragment were all acked
+    log.info("recovering ledger %d: fenced, LAC %d, reading forward from %d", lid, lac, entry)
+    while True:
+        decision, body, note = await _recovery_read(bk, md, password, entry)
+        if decision is RecoveryDecision.MISSING:
+            break
+        if decision is not RecoveryDecision.EXISTS:
+            raise LedgerRecoveryError(f"recovery of ledger {lid}: cannot tell whether entry {entry} exists "
+                                      f"(too few replicas answered: {note})")
+        await _rewrite(bk, md, mk, entry, body)
+        entry += 1
+    last = entry - 1
+    log.info("recovered ledger %d: last entry %d", lid, last)
+
+    def to_closed(m):
+        if m.state.name == "CLOSED":
+            if m.last_entry_id != last:
+                log.warning("ledger %d was closed by another recovery at %d (this one found %d)",
+                            lid, m.last_entry_id, last)
+            return None
+        # length stays as stored (0): entry headers carry no running length to recover it from
+        return m.replace(state=LedgerState.CLOSED, last_entry_id=last)
+
+    return await _cas_loop(store, md, to_closed)

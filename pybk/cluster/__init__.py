@@ -1,0 +1,1 @@
+"""The backend-agnostic cluster controller: plan(spec, observed) -> actions."""

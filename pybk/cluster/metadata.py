@@ -1,0 +1,144 @@
+"""The etcd side of cluster control, shared by both platforms: what the metadata says about a
+cluster's bookies, and the decommission requests the controller asks for.
+
+Everything goes through a `pybk.meta.MetadataStore` (registry, decommission records,
+under-replication markers, ledger metadata) passed in by the platform, `pybk.recovery.decommission`
+to start drains, and the bookies' admin HTTP API for read-only switches and audit triggers.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .observed import DecommissionPhase, MetadataObservation, Registration
+
+log = logging.getLogger(__name__)
+
+OPEN_STATES = ("OPEN", "IN_RECOVERY")
+
+
+@dataclass(frozen=True)
+class BookieMetadata:
+    """What etcd says about one bookie."""
+    registration: Registration = Registration.ABSENT
+    decommission: DecommissionPhase = DecommissionPhase.NONE
+    ledgers_left: int | None = None
+    message: str = ""
+    http: str | None = None
+    in_use: bool | None = None
+
+
+def decommission_phase(record: Any) -> tuple[DecommissionPhase, int | None, str]:
+    """Phase, ledgers left and message of a `/decommission/<bookie>` record
+    (`pybk.meta` Decommission: state requested|draining|done|failed, ledgers_remaining, message)."""
+    if record is None:
+        return DecommissionPhase.NONE, None, ""
+    get = record.get if isinstance(record, dict) else (lambda k, d=None: getattr(record, k, d))
+    state = str(get("state", "") or "")
+    left = get("ledgers_remaining", get("remaining"))
+    left = int(left) if isinstance(left, int) and left >= 0 else None
+    message = str(get("message", "") or get("error", "") or "")
+    if state == "failed" or get("error"):
+        return DecommissionPhase.FAILED, left, message
+    if state == "done" or get("done"):
+        return DecommissionPhase.DONE, 0, message
+    return DecommissionPhase.IN_PROGRESS, left, message
+
+
+async def scan_ledgers(store, watch: set[str]) -> tuple[int, set[str]]:
+    """One pass over every ledger's metadata: the largest ensemble of any ledger that is not
+    closed (0 when none), and which of the bookies in `watch` some fragment still names."""
+    largest, used = 0, set()
+    async for md in store.ledgers.list_metadata():
+        state = getattr(md.state, "name", str(md.state))
+        if state in OPEN_STATES:
+            largest = max(largest, int(md.ensemble_size))
+        if watch:
+            for fragment in md.fragments:
+                used.update(watch.intersection(fragment.bookies))
+    return largest, used
+
+
+async def max_open_ensemble(store) -> int:
+    """Largest ensemble size of any ledger that is not closed (0 when there is none)."""
+    return (await scan_ledgers(store, set()))[0]
+
+
+async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = False,
+                  check_in_use: Iterable[str] = ()) -> tuple[MetadataObservation, dict[str, BookieMetadata]]:
+    """Registry state and decommission progress of `bookie_ids`, plus cluster-wide counts.
+
+    Every ledger's metadata is read (once) only when needed: for the largest open ensemble when
+    `need_ensemble` (a scale-down is pending), and to tell whether the bookies in `check_in_use`
+    (removed slots whose volumes could go) are still named by a ledger.
+    """
+    registered = await store.registry.all()
+    under_replicated = await store.underreplication.count()
+    drains = await store.decommission.list()
+    watch = set(check_in_use)
+    ensemble, used = await scan_ledgers(store, watch) if (need_ensemble or watch) else (0, set())
+    bookies: dict[str, BookieMetadata] = {}
+    for bid in bookie_ids:
+        state, info = registered.get(bid, (None, None))
+        reg = Registration(state) if state in ("writable", "readonly") else Registration.ABSENT
+        phase, left, msg = decommission_phase(drains.get(bid))
+        bookies[bid] = BookieMetadata(reg, phase, left, msg, getattr(info, "http", None) or None,
+                                      (bid in used) if bid in watch else None)
+    return MetadataObservation(under_replicated=under_replicated, max_open_ensemble=ensemble), bookies
+
+
+async def start_decommission(store, bookie_id: str, http: str | None, retry: bool = False) -> None:
+    """Start draining a bookie with `pybk.recovery.decommission.start` (read-only, drain request,
+    markers; a failed or finished earlier request is replaced). The elected auditor finishes it.
+    A bookie etcd knows nothing about (never registered, no cookie, no ledger) has nothing to
+    drain: its request is recorded as done at once so the scale-down can proceed."""
+    from pybk.recovery import decommission
+
+    if retry:
+        await store.decommission.remove(bookie_id)
+    try:
+        await decommission.start(store, bookie_id)
+    except decommission.DecommissionError as e:
+        if "unknown bookie" not in str(e):
+            raise
+        rec = await store.decommission.request(bookie_id, message="nothing to drain: " + str(e))
+        await store.decommission.update(rec, state="done", ledgers_total=0, ledgers_remaining=0)
+
+
+async def clear_decommission(store, bookie_id: str) -> None:
+    """Forget a finished drain record (the bookie is gone)."""
+    await store.decommission.remove(bookie_id)
+
+
+async def forget_bookie(store, bookie_id: str) -> None:
+    """After a removed bookie's data was deleted: remove its cookie (the drain normally did)."""
+    await store.cookies.delete(bookie_id)
+
+
+async def cancel_decommission(store, bookie_id: str, http: str | None) -> None:
+    """Drop a drain request and make the bookie writable again (scale-down undone)."""
+    await store.decommission.remove(bookie_id)
+    if http:
+        await _admin(http, "PUT", "/api/v1/bookie/state/readonly", {"readOnly": False, "readonly": False})
+
+
+async def trigger_audit(http: str) -> bool:
+    """Ask the autorecovery behind a bookie's admin API to audit now; False when it did not answer."""
+    return await _admin(http, "PUT", "/api/v1/autorecovery/trigger_audit", None)
+
+
+async def _admin(http: str, method: str, path: str, body: Any) -> bool:
+    import aiohttp
+
+    url = f"http://{http}{path}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            async with s.request(method, url, json=body) as resp:
+                if resp.status >= 400:
+                    log.warning("%s %s answered %d", method, url, resp.status)
+                    return False
+                return True
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        log.warning("%s %s failed: %s", method, url, e)
+        return False

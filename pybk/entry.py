@@ -1,0 +1,114 @@
+"""The entry wire format shared by clients and bookies, and the keys derived from a password.
+
+An entry body, on the wire and on disk:
+
+    ledger_id u64 | entry_id u64 | lac i64 | length u64 | digest | payload
+
+`length` is the payload's length. The digest covers the 32-byte header and the payload:
+CRC32C (4 bytes) or HMAC-SHA256 keyed by the ledger password (32 bytes). Bookies read only
+the header (to learn the writer's LAC); readers verify the digest, and a mismatch marks
+a corrupt replica.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from typing import NamedTuple
+
+import google_crc32c
+
+HEADER = struct.Struct(">QQqQ")
+HEADER_SIZE = HEADER.size  # 32
+_CRC = struct.Struct(">I")
+
+
+class DigestType(enum.Enum):
+    """How an entry's integrity is checked: CRC32C detects corruption, MAC also tampering."""
+
+    CRC32C = "CRC32C"
+    MAC = "MAC"
+
+    @property
+    def size(self) -> int:
+        return 4 if self is DigestType.CRC32C else 32
+
+
+class DigestMismatch(ValueError):
+    """An entry body failed its digest check or is malformed."""
+
+
+class Header(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+
+
+def master_key(password: bytes) -> bytes:
+    """The key bookies check on adds and fences: a hash of the password, never the password."""
+    return hashlib.sha256(b"pybk-ledger-master-key:" + password).digest()
+
+
+def password_hash(password: bytes) -> bytes:
+    """What ledger metadata stores to check a password on open; differs from the master key,
+    so that reading metadata does not grant the right to write to bookies."""
+    return hashlib.sha256(b"pybk-ledger-password-check:" + password).digest()
+
+
+def _digest(digest_type: DigestType, password: bytes, header: bytes, payload: bytes) -> bytes:
+    if digest_type is DigestType.CRC32C:
+        c = google_crc32c.value(header)
+        return _CRC.pack(google_crc32c.extend(c, payload))
+    mac = hmac.new(password, header, hashlib.sha256)
+    mac.update(payload)
+    return mac.digest()
+
+
+def encode(ledger_id: int, entry_id: int, lac: int, payload: bytes,
+           digest_type: DigestType = DigestType.CRC32C, password: bytes = b"") -> bytes:
+    """Build an entry body; the writer's current LAC rides along for recovery and readers."""
+    header = HEADER.pack(ledger_id, entry_id, lac, len(payload))
+    return b"".join((header, _digest(digest_type, password, header, payload), payload))
+
+
+def parse_header(body: bytes) -> Header:
+    """Read the header only (what a bookie needs); raises DigestMismatch if too short."""
+    if len(body) < HEADER_SIZE:
+        raise DigestMismatch(f"entry body of {len(body)} bytes is shorter than its {HEADER_SIZE}-byte header")
+    return Header._make(HEADER.unpack_from(body))
+
+
+def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+           ledger_id: int | None = None, entry_id: int | None = None,
+           verify_digest: bool = True) -> tuple[Header, bytes]:
+    """Verify an entry body and return (header, payload).
+
+    Raises DigestMismatch when the digest, the length, or the expected ledger/entry id
+    does not match: the replica that served it is corrupt.
+
+    verify_digest=False checks the structure only (length, ledger/entry id), not the digest:
+    for a copier that lacks the password of a MAC ledger (autorecovery using the master key
+    stored in metadata). It moves bodies verbatim, so readers still verify the MAC later.
+    """
+    h = parse_header(body)
+    crc = digest_type is DigestType.CRC32C
+    payload_start = HEADER_SIZE + (4 if crc else 32)
+    if len(body) != payload_start + h.length:
+        raise DigestMismatch(f"entry {h.ledger_id}:{h.entry_id}: body is {len(body)} bytes, "
+                             f"header says {payload_start + h.length}")
+    if ledger_id is not None and h.ledger_id != ledger_id or entry_id is not None and h.entry_id != entry_id:
+        raise DigestMismatch(f"asked for entry {ledger_id}:{entry_id}, got {h.ledger_id}:{h.entry_id}")
+    payload = body[payload_start:]
+    if not verify_digest:
+        return h, payload
+    if crc:  # every reader runs this per entry: compare integers, no digest bytes built
+        ok = google_crc32c.extend(google_crc32c.value(body[:HEADER_SIZE]), payload) == \
+            _CRC.unpack_from(body, HEADER_SIZE)[0]
+    else:
+        ok = hmac.compare_digest(_digest(digest_type, password, body[:HEADER_SIZE], payload),
+                                 body[HEADER_SIZE:payload_start])
+    if not ok:
+        raise DigestMismatch(f"entry {h.ledger_id}:{h.entry_id}: {digest_type.value} digest mismatch")
+    return h, payload

@@ -1,0 +1,1 @@
+"""The local platform: etcd, bookies and autorecovery as child processes."""

@@ -1,0 +1,282 @@
+"""`pybk local up|down|apply|status`: a BookieCluster manifest run as local child processes."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import runner
+from .process import ChildProcess
+from .runner import LocalClusterError
+
+DEFAULT_DATA_DIR = ".pybk-local"
+
+
+def default_data_dir() -> str:
+    """Where a local cluster lives unless --data-dir says otherwise: $PYBK_LOCAL_DIR or ./.pybk-local."""
+    return os.environ.get("PYBK_LOCAL_DIR") or DEFAULT_DATA_DIR
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", default=default_data_dir(), metavar="DIR",
+                       help="directory holding the cluster's data, logs and local.json "
+                            "(default: $PYBK_LOCAL_DIR or ./.pybk-local)")
+        p.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                       help="text for people (default), json for scripts")
+
+    up = sub.add_parser("up", help="start etcd and the manifest's bookies (foreground; Ctrl-C stops all)",
+                        description="Start etcd and spec.replicas bookies from a BookieCluster manifest "
+                                    "as child processes, write DIR/local.json once every bookie serves, "
+                                    "and run in the foreground until Ctrl-C or `pybk local down`.")
+    up.add_argument("-f", "--file", metavar="MANIFEST",
+                    help="BookieCluster manifest (YAML); default: the one the data dir was last started with")
+    common(up)
+    up.add_argument("--detach", action="store_true",
+                    help="start in the background and return once the cluster is ready "
+                         "(supervisor log: DIR/local.log)")
+    up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
+                    help="how long to wait for every process to be ready (default %(default)s)")
+    up.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
+
+    down = sub.add_parser("down", help="stop the local cluster running in --data-dir",
+                          description="Stop a running local cluster (started in the foreground or with "
+                                      "--detach): bookies first, then etcd. Data stays in DIR.")
+    common(down)
+    down.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                      help="how long to wait for a clean stop before kill -9 (default %(default)s)")
+
+    status = sub.add_parser("status", help="show the processes of the local cluster in --data-dir",
+                            description="Show the running local cluster's processes; exit 1 if none runs.")
+    common(status)
+
+    apply = sub.add_parser("apply", help="change a running local cluster to match a manifest",
+                           description="Make the running local cluster match the manifest, through the same "
+                                       "controller as the Kubernetes operator: more replicas start new bookies; "
+                                       "fewer replicas decommission the highest-numbered bookies first (their "
+                                       "ledgers are re-replicated to the others) and stop them only once no "
+                                       "ledger references them. Going below the largest ensemble of an open "
+                                       "ledger is refused. Config changes restart bookies one at a time.")
+    apply.add_argument("-f", "--file", required=True, metavar="MANIFEST", help="BookieCluster manifest (YAML)")
+    common(apply)
+    apply.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="how long to wait for the change to finish (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = {"up": _up, "down": _down, "status": _status, "apply": _apply}[args.local_command]
+    try:
+        return handler(args)
+    except LocalClusterError as e:
+        print(f"pybk local {args.local_command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _manifest_for_up(args: argparse.Namespace, data_dir: Path) -> Path:
+    stored = data_dir / runner.MANIFEST
+    if args.file is None:
+        if not stored.exists():
+            raise LocalClusterError(f"no manifest: pass -f cluster.yaml (see examples/cluster.yaml)")
+        runner.load_spec(stored)
+        return stored
+    src = Path(args.file).resolve()
+    runner.load_spec(src)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if src != stored.resolve():
+        shutil.copyfile(src, stored)
+    return stored
+
+
+def _refuse_if_running(data_dir: Path) -> None:
+    pid = runner.running_supervisor(data_dir)
+    if pid is not None:
+        raise LocalClusterError(f"a local cluster already runs in {data_dir} (pid {pid}); "
+                                f"stop it with `pybk local down --data-dir {data_dir}`")
+    try:
+        doc = runner.read_local_json(data_dir)
+    except LocalClusterError:
+        return
+    alive = [str(p) for p in _recorded_pids(doc) if runner.pid_alive(p) and runner.process_mentions(p, str(data_dir))]
+    if alive:
+        raise LocalClusterError(f"processes of an earlier local cluster in {data_dir} still run (pids "
+                                f"{', '.join(alive)}); stop them with `pybk local down --data-dir {data_dir}`")
+    (data_dir / runner.LOCAL_JSON).unlink(missing_ok=True)
+
+
+def _recorded_pids(doc: dict[str, Any]) -> list[int]:
+    pids = [b.get("pid") for b in doc.get("bookies", []) + doc.get("autorecovery", [])]
+    pids.append((doc.get("etcd") or {}).get("pid"))
+    return [p for p in pids if p]
+
+
+def _up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    manifest = _manifest_for_up(args, data_dir)
+    _refuse_if_running(data_dir)
+    if args.detach:
+        return _up_detached(args, data_dir, manifest)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = runner.load_spec(manifest)
+    cluster = runner.LocalCluster(spec, data_dir)
+
+    def ready(doc: dict[str, Any]) -> None:
+        _print_ready(doc, data_dir, args.output, foreground=not args.detached_child)
+
+    try:
+        return runner.supervise(cluster, on_ready=ready)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        hint = ("\n(spec.config options are passed to every bookie as `pybk bookie` flags: "
+                "see `pybk bookie --help` for the valid ones)") if spec.config else ""
+        raise LocalClusterError(f"could not start the local cluster: {e}{hint}") from None
+
+
+def _up_detached(args: argparse.Namespace, data_dir: Path, manifest: Path) -> int:
+    argv = [sys.executable, "-m", "pybk.cli", "local", "up", "-f", str(manifest), "--data-dir", str(data_dir),
+            "--timeout", str(args.timeout), "--detached-child"]
+    supervisor = ChildProcess("pybk local up", argv, data_dir / "local.log").start()
+    deadline = time.monotonic() + args.timeout + 30
+    local_json = data_dir / runner.LOCAL_JSON
+    while time.monotonic() < deadline:
+        if not supervisor.alive():
+            raise LocalClusterError(f"the local cluster failed to start (exit code {supervisor.proc.returncode});"
+                                    f" last lines of {supervisor.log_path}:\n{supervisor.log_tail(20)}")
+        if local_json.exists():
+            _print_ready(runner.read_local_json(data_dir), data_dir, args.output, foreground=False)
+            return 0
+        time.sleep(0.1)
+    supervisor.signal(signal.SIGTERM)
+    supervisor.stop(60)
+    raise LocalClusterError(f"the local cluster was not ready within {args.timeout:.0f}s; "
+                            f"see {supervisor.log_path}")
+
+
+def _print_ready(doc: dict[str, Any], data_dir: Path, output: str, foreground: bool) -> None:
+    if output == "json":
+        print(json.dumps(doc, indent=2), flush=True)
+        return
+    auto = len(doc.get("autorecovery", []))
+    lines = [f"local cluster ready in {data_dir}: etcd + {len(doc['bookies'])} bookies"
+             + (f" + {auto} autorecovery" if auto else ""),
+             f"  metadata service URI: {doc['metadata_service_uri']}",
+             f"  {'etcd':<14} pid {doc['etcd']['pid']:<8} {doc['etcd']['client_url']:<28} "
+             f"log {data_dir / 'etcd.log'}"]
+    for b in doc["bookies"]:
+        lines.append(f"  {b['id']:<14} pid {b['pid']:<8} grpc {b['grpc']:<22} http {b['http']:<22} "
+                     f"log {data_dir / (b['id'] + '.log')}")
+    for r in doc.get("autorecovery", []):
+        lines.append(f"  {r['id']:<14} pid {r['pid']:<8} {'':<27} http {r['http']:<22} "
+                     f"log {data_dir / (r['id'] + '.log')}")
+    lines.append(f"try:  pybk shell listbookies --data-dir {data_dir}")
+    lines.append("stop: Ctrl-C" if foreground else f"stop: pybk local down --data-dir {data_dir}")
+    print("\n".join(lines), flush=True)
+
+
+def _down(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    stopped = runner.down(data_dir, timeout=args.timeout)
+    if args.output == "json":
+        print(json.dumps({"data_dir": str(data_dir), "stopped": stopped}))
+    else:
+        print(f"stopped the local cluster in {data_dir}: {', '.join(stopped) or 'nothing was running'}")
+    return 0
+
+
+def status_of(data_dir: Path) -> dict[str, Any]:
+    """local.json plus whether each recorded process is alive, and the supervisor's pid."""
+    doc = runner.read_local_json(data_dir)
+    doc["supervisor_pid"] = runner.running_supervisor(data_dir)
+    doc["etcd"]["alive"] = runner.pid_alive(doc["etcd"].get("pid"))
+    for b in doc["bookies"] + doc.setdefault("autorecovery", []):
+        b["alive"] = runner.pid_alive(b.get("pid"))
+    try:
+        doc["last_apply"] = json.loads((data_dir / runner.APPLY_JSON).read_text())
+    except (OSError, ValueError):
+        doc["last_apply"] = None
+    return doc
+
+
+def _status(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    doc = status_of(data_dir)
+    healthy = (doc["supervisor_pid"] is not None and doc["etcd"]["alive"]
+               and all(p["alive"] for p in doc["bookies"] + doc["autorecovery"]))
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        state = lambda alive: "running" if alive else "EXITED"
+        print(f"local cluster in {data_dir} ({'supervisor pid ' + str(doc['supervisor_pid']) if doc['supervisor_pid'] else 'NO SUPERVISOR'})")
+        print(f"metadata service URI: {doc['metadata_service_uri']}")
+        print(f"{'PROCESS':<15} {'PID':<8} {'STATE':<8} ENDPOINTS")
+        print(f"{'etcd':<15} {doc['etcd']['pid']:<8} {state(doc['etcd']['alive']):<8} {doc['etcd']['client_url']}")
+        for b in doc["bookies"]:
+            print(f"{b['id']:<15} {b['pid']:<8} {state(b['alive']):<8} grpc {b['grpc']}  http {b['http']}")
+        for r in doc["autorecovery"]:
+            print(f"{r['id']:<15} {r['pid']:<8} {state(r['alive']):<8} http {r['http']}")
+        last = doc["last_apply"]
+        if last:
+            outcome = "in progress" if not last.get("done") else (f"failed: {last['error']}" if last.get("error")
+                                                                 else "done")
+            print(f"last apply: {outcome}")
+            for c in last.get("conditions") or []:
+                if c["status"] and c["type"] in ("Progressing", "Decommissioning", "Degraded"):
+                    print(f"  {c['type']}: {c['reason']}" + (f" - {c['message']}" if c["message"] else ""))
+    return 0 if healthy else 1
+
+
+def _apply(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    spec = runner.load_spec(args.file)
+    supervisor = runner.running_supervisor(data_dir)
+    if supervisor is None:
+        raise LocalClusterError(f"no local cluster is running in {data_dir}; start one with "
+                                f"`pybk local up -f {args.file} --data-dir {data_dir}`")
+    target = data_dir / runner.MANIFEST
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copyfile(args.file, tmp)
+    generation = time.time_ns()
+    os.utime(tmp, ns=(generation, generation))
+    os.replace(tmp, target)
+    os.kill(supervisor, signal.SIGUSR1)
+    deadline = time.monotonic() + args.timeout
+    result_path = data_dir / runner.APPLY_JSON
+    shown: set[str] = set()
+    while time.monotonic() < deadline:
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            result = {}
+        if result.get("generation") == generation:
+            if args.output == "text":
+                for c in result.get("conditions") or []:
+                    line = f"  {c['type']}: {c['reason']}" + (f" - {c['message']}" if c["message"] else "")
+                    if c["status"] and c["type"] in ("Progressing", "Decommissioning") and line not in shown:
+                        shown.add(line)
+                        print(line, flush=True)
+            if result.get("done"):
+                if result.get("error"):
+                    raise LocalClusterError(result["error"])
+                doc = runner.read_local_json(data_dir)
+                if args.output == "json":
+                    print(json.dumps(doc, indent=2))
+                else:
+                    print(f"applied {args.file}: {len(doc['bookies'])} bookies "
+                          f"({', '.join(b['id'] for b in doc['bookies'])})")
+                return 0
+        if runner.running_supervisor(data_dir) is None:
+            raise LocalClusterError(f"the local cluster stopped while applying; see {data_dir / 'local.log'}")
+        time.sleep(0.2)
+    raise LocalClusterError(f"the change to {spec.replicas} bookies did not finish within {args.timeout:.0f}s; "
+                            f"it goes on in the background (see `pybk local status --data-dir {data_dir}` and "
+                            f"{data_dir / 'local.log'}); applying another manifest takes over from it")

@@ -1,0 +1,124 @@
+"""Prefix watches that survive disconnects and etcd restarts without missing an event.
+
+A Watch remembers the revision after the last event it delivered and, when the stream
+breaks, opens a new one starting exactly there, so the consumer sees every change once,
+in revision order. Events are read only while the consumer iterates (no background task).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+
+import grpc
+from aetcd import rpc
+
+from .errors import MetadataError, WatchCompactedError
+from .etcd import Etcd
+
+log = logging.getLogger(__name__)
+
+PUT = "PUT"
+DELETE = "DELETE"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change: type PUT or DELETE, the key, the new value (b"" on DELETE), its revision."""
+
+    type: str
+    key: bytes
+    value: bytes
+    revision: int
+    create_revision: int
+    lease: int
+    prev_value: bytes | None = None
+
+
+class Watch:
+    """`async for event in watch` over [key, range_end) from start_revision (0 = from now)."""
+
+    def __init__(self, etcd: Etcd, key: bytes, range_end: bytes = b"", start_revision: int = 0,
+                 prev_kv: bool = False):
+        self.etcd = etcd
+        self.key = key
+        self.range_end = range_end
+        self.next_revision = start_revision
+        self.prev_kv = prev_kv
+        self.reconnects = 0
+        self._buffer: collections.deque[WatchEvent] = collections.deque()
+        self._call = None
+        self._closed = False
+
+    def __aiter__(self) -> "Watch":
+        return self
+
+    async def __aenter__(self) -> "Watch":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop watching; iteration ends."""
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    async def _open(self) -> None:
+        call = self.etcd.watch.Watch(wait_for_ready=True)
+        try:
+            create = rpc.WatchCreateRequest(key=self.key, range_end=self.range_end,
+                                            start_revision=self.next_revision, prev_kv=self.prev_kv)
+            await call.write(rpc.WatchRequest(create_request=create))
+            resp = await call.read()
+            self._call = call
+            self._take(resp)
+        except BaseException:
+            call.cancel()
+            self._call = None
+            raise
+
+    def _take(self, resp) -> None:
+        if resp is grpc.aio.EOF:
+            raise ConnectionError("watch stream ended")
+        if resp.compact_revision:
+            raise WatchCompactedError(resp.compact_revision)
+        if resp.canceled:
+            raise MetadataError(f"etcd at {self.etcd.endpoints} cancelled the watch on "
+                                f"{self.key.decode(errors='replace')}: {resp.cancel_reason}")
+        if self.next_revision == 0:
+            self.next_revision = resp.header.revision + 1
+        for ev in resp.events:
+            kind = DELETE if ev.type == rpc.Event.DELETE else PUT
+            prev = ev.prev_kv.value if ev.HasField("prev_kv") else None
+            self._buffer.append(WatchEvent(kind, ev.kv.key, ev.kv.value, ev.kv.mod_revision,
+                                           ev.kv.create_revision, ev.kv.lease, prev))
+            self.next_revision = max(self.next_revision, ev.kv.mod_revision + 1)
+
+    async def __anext__(self) -> WatchEvent:
+        delay = 0.1
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            try:
+                if self._call is None:
+                    await self._open()
+                    continue
+                self._take(await self._call.read())
+                delay = 0.1
+            except (grpc.aio.AioRpcError, ConnectionError, grpc.aio.UsageError) as exc:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                log.info("watch on %s broke (%s); resuming from revision %d",
+                         self.key.decode(errors="replace"), exc, self.next_revision)
+                self._drop()
+                self.reconnects += 1
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+        return self._buffer.popleft()

@@ -1,0 +1,1 @@
+"""The Kubernetes platform for the cluster controller (kopf handlers)."""

@@ -1,0 +1,60 @@
+"""`python -m pybk.operator.podzone`: print this pod's zone, for the bookie entrypoint.
+
+The operator copies each bookie pod's node zone (the node label named by
+spec.zoneSpreading.topologyKey) onto the pod as the `pybk.io/zone` annotation; a pod cannot
+read node labels itself without cluster-wide rights. This reads the pod through the in-cluster
+API (its ServiceAccount may `get pods`) and waits up to --wait seconds for the annotation.
+Prints an empty line when there is none (the bookie then advertises no zone).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.request
+
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+ANNOTATION = "pybk.io/zone"
+
+
+def pod_annotations(namespace: str, name: str) -> dict[str, str]:
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    token = open(f"{SA}/token").read().strip()
+    ctx = ssl.create_default_context(cafile=f"{SA}/ca.crt")
+    req = urllib.request.Request(f"https://{host}:{port}/api/v1/namespaces/{namespace}/pods/{name}",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+        return json.load(resp)["metadata"].get("annotations") or {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the annotation (default 30)")
+    args = p.parse_args(argv)
+    name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if not name or not namespace or "KUBERNETES_SERVICE_HOST" not in os.environ:
+        print("podzone: not in a Kubernetes pod (POD_NAME/POD_NAMESPACE unset); no zone", file=sys.stderr)
+        print("")
+        return 0
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            annotations = pod_annotations(namespace, name)
+            if ANNOTATION in annotations:
+                print(annotations[ANNOTATION])
+                return 0
+        except (OSError, ValueError, KeyError) as e:
+            print(f"podzone: reading pod {namespace}/{name}: {e}", file=sys.stderr)
+        if time.monotonic() >= deadline:
+            print(f"podzone: no {ANNOTATION} annotation after {args.wait:.0f}s; no zone", file=sys.stderr)
+            print("")
+            return 0
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Autorecovery inside another process's admin app: the bookie mounts `/api/v1/autorecovery/*`
+always, and with `--autorecovery` also runs an auditor candidate and a replication worker there."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from . import http
+from .options import from_env
+from .service import AutoRecovery
+
+log = logging.getLogger(__name__)
+
+
+class Embedded:
+    """The routes (and, when running, the AutoRecovery task) mounted on an aiohttp app."""
+
+    def __init__(self, recovery: AutoRecovery | None):
+        self.recovery = recovery
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start autorecovery (if enabled) once the app serves."""
+        if self.recovery is not None and self.task is None:
+            self.task = asyncio.ensure_future(self.recovery.run())
+            log.info("autorecovery running inside this process as %s", self.recovery.name)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.task = None
+
+
+def mount(app: web.Application, store, metadata_uri: str, name: str, http_address: str,
+          run: bool = False) -> Embedded:
+    """Add the autorecovery routes to app (before it starts); with run, prepare an AutoRecovery on
+    `store` whose settings come from PYBK_* environment variables (see options.from_env)."""
+    recovery = AutoRecovery(store, metadata_uri, from_env(), name=name, http=http_address) if run else None
+    http.add_routes(app, store, recovery)
+    return Embedded(recovery)

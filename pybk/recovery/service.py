@@ -1,0 +1,111 @@
+"""One autorecovery process: an auditor candidate and a replication worker, on one metadata store.
+
+Run standalone (`pybk autorecovery`) or inside a bookie (`pybk bookie --autorecovery`). Every such
+process campaigns for the auditor role; the elected one audits (and finishes drains), all of them
+replicate. Losing the session lease ends the leadership; the process campaigns again.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+
+from . import decommission, metrics
+from .auditor import Auditor
+from .bookies import BookiePool
+from .options import RecoveryOptions
+from .worker import ReplicationWorker
+
+log = logging.getLogger(__name__)
+
+ELECTION = "auditor"
+
+
+class AutoRecovery:
+    """`await AutoRecovery(store, uri, options).run()` until cancelled."""
+
+    def __init__(self, store, metadata_uri: str, options: RecoveryOptions | None = None,
+                 name: str | None = None, http: str = "", worker: bool = True):
+        self.store = store
+        self.options = options or RecoveryOptions()
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.http = http
+        self.pool = BookiePool(store)
+        self.auditor = Auditor(store, self.options, self.pool)
+        self.worker = ReplicationWorker(store, metadata_uri, self.options, self.pool) if worker else None
+        self.is_auditor = False
+
+    @property
+    def identity(self) -> str:
+        """What the election key holds: who this is and where its admin API listens."""
+        return json.dumps({"id": self.name, "http": self.http, "pid": os.getpid()})
+
+    async def run(self) -> None:
+        tasks = [self._campaign()]
+        if self.worker is not None:
+            tasks.append(self.worker.run())
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await self.pool.close()
+
+    async def _campaign(self) -> None:
+        while True:
+            try:
+                leadership = await self.store.election.campaign(self.identity, ELECTION)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("auditor election failed (%s); retrying", exc)
+                await asyncio.sleep(self.options.poll_interval)
+                continue
+            log.info("%s is the auditor", self.name)
+            self.is_auditor = True
+            lead = asyncio.ensure_future(self._lead())
+            lost = asyncio.ensure_future(leadership.lost.wait())
+            try:
+                await asyncio.wait({lead, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.is_auditor = False
+                metrics.IS_AUDITOR.set(0)
+                for t in (lead, lost):
+                    t.cancel()
+                await asyncio.gather(lead, lost, return_exceptions=True)
+                try:
+                    await leadership.resign()
+                except Exception:
+                    pass
+            if lead.done() and not lead.cancelled() and lead.exception() is not None:
+                log.error("auditor failed: %s; campaigning again", lead.exception())
+                await asyncio.sleep(self.options.poll_interval)
+            else:
+                log.warning("%s lost the auditor leadership; campaigning again", self.name)
+
+    async def _lead(self) -> None:
+        await asyncio.gather(self.auditor.lead(), self._drains())
+
+    async def _drains(self) -> None:
+        """Finish decommissions (also those started with --no-wait)."""
+        while True:
+            try:
+                for rec in (await self.store.decommission.list()).values():
+                    await decommission.drain_step(self.store, rec)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("drain check failed")
+            if self.worker is not None:
+                self.worker.wake()
+            await asyncio.sleep(self.options.poll_interval)
+
+    async def status(self) -> dict:
+        """What /api/v1/autorecovery/status shows."""
+        count = await self.store.underreplication.count()
+        out = {"id": self.name, "is_auditor": self.is_auditor, "under_replicated": count,
+               "worker_busy": sorted(self.worker.busy) if self.worker else [],
+               "worker_errors": {str(k): v for k, v in sorted(self.worker.errors.items())} if self.worker else {},
+               "lost_bookies": sorted(self.auditor.lost),
+               "last_audit": self.auditor.last_audit.to_json() if self.auditor.last_audit else None}
+        return out

@@ -1,0 +1,43 @@
+"""Bookie options: flags override PYBK_* environment variables, which override the YAML file."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from pybk.bookie.config import ConfigError, parse_size, resolve
+from pybk.bookie.main import OPTIONS, add_arguments
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_flags_override_env_override_yaml_override_defaults(tmp_path):
+    cfg_file = tmp_path / "bookie.yaml"
+    cfg_file.write_text("journal_dir: /yaml/j\nledger-dir: [/yaml/l1, /yaml/l2]\nport: 4000\nzone: yz\n")
+    args = parse(["--config", str(cfg_file), "--port", "5000"])
+    cfg = resolve(args, OPTIONS, environ={"PYBK_ZONE": "envzone", "PYBK_PORT": "4500",
+                                          "PYBK_JOURNAL_FSYNC": "false"})
+    assert cfg["port"] == 5000 and cfg["zone"] == "envzone" and cfg["journal_dir"] == "/yaml/j"
+    assert cfg["ledger_dir"] == ["/yaml/l1", "/yaml/l2"] and cfg["journal_fsync"] is False
+    assert cfg["journal_group_max_bytes"] == 16 * 1024 * 1024 and cfg["http_port"] == 8000
+
+
+def test_missing_and_bad_settings_name_the_option():
+    with pytest.raises(ConfigError, match="journal_dir"):
+        resolve(parse(["--ledger-dir", "/l"]), OPTIONS, environ={})
+    with pytest.raises(ConfigError, match="port"):
+        resolve(parse(["--journal-dir", "/j", "--ledger-dir", "/l", "--port", "x"]), OPTIONS, environ={})
+    assert parse_size("64KiB") == 65536 and parse_size("1GB") == 10 ** 9
+
+
+def test_help_explains_every_option():
+    out = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    for opt in OPTIONS:
+        assert opt.flag in out

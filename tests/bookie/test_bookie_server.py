@@ -1,0 +1,166 @@
+"""A real `pybk bookie` process served over gRPC: adds, reads, LAC, listing (no etcd needed)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pybk import entry
+from pybk.bookie.client import BookieClient, BookieError, Status
+
+KEY = entry.master_key(b"pw")
+
+
+def body(ledger, eid, lac=-1, size=64):
+    return entry.encode(ledger, eid, lac, f"{ledger}:{eid}:".encode() * (size // 8))
+
+
+async def test_adds_read_back_with_lac_and_listing(bookies):
+    b, = bookies(1, metadata_uri=None)
+    c = await BookieClient.connect(b.address)
+    try:
+        await asyncio.gather(*(c.add(9, i, body(9, i, i - 1), master_key=KEY) for i in range(500)))
+        assert await c.read(9, 17) == body(9, 17, 16)
+        got = [(e, bd) async for e, bd in c.read_range(9, 0, 499)]
+        assert got == [(i, body(9, i, i - 1)) for i in range(500)]
+        assert await c.read_lac(9) == 498
+        assert await c.list_entries(9) == [(0, 499)]
+        assert await c.list_ledgers() == [9]
+        with pytest.raises(BookieError) as err:
+            await c.read(9, 500)
+        assert err.value.code is Status.NO_ENTRY
+        with pytest.raises(BookieError) as err:
+            await c.read(10, 0)
+        assert err.value.code is Status.NO_LEDGER
+        waiter = asyncio.ensure_future(c.wait_lac(9, 498, timeout=20))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        await c.add(9, 500, body(9, 500, 499), master_key=KEY)
+        assert await waiter == 499
+        await c.write_lac(9, 500, KEY)
+        assert await c.read_lac(9) == 500
+        info = await c.info()
+        assert info["bookie_id"] == b.bookie_id and info["ledger_count"] == 1 and not info["read_only"]
+        metrics = (await asyncio.to_thread(b.http_get, "/metrics"))[1].decode()
+        for line in ("pybk_bookie_adds_total 501.0", "pybk_bookie_add_batch_entries_sum 501.0",
+                     "pybk_bookie_journal_fsync_seconds_count", "pybk_bookie_write_cache_bytes",
+                     "pybk_bookie_reads_total 501.0", "pybk_bookie_ledgers 1.0"):
+            assert line in metrics, line
+        status, heartbeat = await asyncio.to_thread(b.http_get, "/heartbeat")
+        assert status == 200
+        admin = await asyncio.to_thread(b.http_json, "/api/v1/bookie/info")
+        assert admin["grpc"] == b.address and admin["ledger_count"] == 1
+    finally:
+        await c.close()
+
+
+async def test_bookie_registers_with_endpoints_and_zone(bookies, metadata_uri):
+    from pybk.meta import MetadataStore
+    b, = bookies(1, zone="z1")
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        writable = await store.registry.writable()
+        assert writable[b.bookie_id].grpc == b.address
+        assert writable[b.bookie_id].http == b.http_url and writable[b.bookie_id].zone == "z1"
+        assert (await store.cookies.get(b.bookie_id)).bookie_id == b.bookie_id
+        b.stop()
+        assert b.bookie_id not in await store.registry.writable()
+    finally:
+        await store.close()
+
+
+async def test_gc_drops_ledgers_deleted_from_metadata_also_after_restart(bookies, metadata_uri):
+    from pybk.meta import MetadataStore
+    b, = bookies(1, registration_ttl=2, gc_interval=0)
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        keep = await store.ledgers.create([b.bookie_id], 1, 1)
+        drop = await store.ledgers.create([b.bookie_id], 1, 1)
+        async with await BookieClient.connect(b.address) as c:
+            for lid in (keep.ledger_id, drop.ledger_id):
+                await asyncio.gather(*(c.add(lid, i, body(lid, i), master_key=KEY) for i in range(20)))
+            listed = await asyncio.to_thread(b.http_json, "/api/v1/ledger/list?entries=true")
+            assert [(x["ledger_id"], x["entries"]) for x in listed["ledgers"]] == \
+                [(keep.ledger_id, [[0, 19]]), (drop.ledger_id, [[0, 19]])]
+            md = await asyncio.to_thread(b.http_json, f"/api/v1/ledger/metadata?ledger_id={keep.ledger_id}")
+            assert md["fragments"] == [{"first_entry_id": 0, "bookies": [b.bookie_id]}]
+            await store.ledgers.delete(drop.ledger_id)
+            result = await asyncio.to_thread(b.http_json, "/api/v1/bookie/gc", "POST")
+            assert result["deleted_ledgers"] == [drop.ledger_id] and result["dropped_entries"] == 20
+            with pytest.raises(BookieError) as err:
+                await c.read(drop.ledger_id, 0)
+            assert err.value.code is Status.NO_LEDGER
+        await asyncio.to_thread(b.restart)
+        async with await BookieClient.connect(b.address) as c:
+            assert await c.list_ledgers() == [keep.ledger_id]
+            assert [e async for e, _ in c.read_range(keep.ledger_id, 0, 19)] == list(range(20))
+    finally:
+        await store.close()
+
+
+async def test_read_only_by_request_survives_restart(bookies, metadata_uri):
+    from pybk.meta import MetadataStore
+    b, = bookies(1, registration_ttl=2)
+    await asyncio.to_thread(b.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})
+    await asyncio.to_thread(b.restart)
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        assert b.bookie_id in await store.registry.readonly()
+        async with await BookieClient.connect(b.address) as c:
+            with pytest.raises(BookieError) as err:
+                await c.add(3, 0, body(3, 0), master_key=KEY)
+            assert err.value.code is Status.READ_ONLY
+        await asyncio.to_thread(b.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})
+        async with await BookieClient.connect(b.address) as c:
+            await c.add(3, 0, body(3, 0), master_key=KEY)
+    finally:
+        await store.close()
+
+
+async def test_client_reconnects_to_a_restarted_bookie(bookies):
+    b, = bookies(1, metadata_uri=None)
+    c = await BookieClient.connect(b.address, wait=30)
+    try:
+        await c.add(4, 0, body(4, 0), master_key=KEY)
+        await asyncio.to_thread(b.kill)
+        with pytest.raises(BookieError):
+            await c.add(4, 1, body(4, 1, 0), master_key=KEY)
+        await asyncio.sleep(3)  # let the channel back off while the bookie is down
+        await asyncio.to_thread(b.start)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            try:
+                await c.add(4, 1, body(4, 1, 0), master_key=KEY)
+                break
+            except BookieError:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.2)
+        assert [e async for e, _ in c.read_range(4, 0, 1)] == [0, 1]
+    finally:
+        await c.close()
+
+
+async def test_range_read_with_step_returns_the_strided_entries_and_bad_steps_are_refused(bookies):
+    b, = bookies(1, metadata_uri=None)
+    c = await BookieClient.connect(b.address)
+    try:
+        held = [i for i in range(3000) if i % 3 != 1]     # a Qw2 replica at index 0 of an E3 ensemble
+        await asyncio.gather(*(c.add(4, i, body(4, i), master_key=KEY) for i in held))
+        for start in (0, 2):
+            got = [(e, bd) async for e, bd in c.read_range(4, start, 2999, step=3)]
+            assert got == [(i, body(4, i)) for i in range(start, 3000, 3)]
+        got = []
+        with pytest.raises(BookieError) as err:
+            async for e, _ in c.read_range(4, 0, 2999, step=2):
+                got.append(e)
+        assert got == [0, 2] and err.value.code is Status.NO_ENTRY and "4:4" in str(err.value)
+        with pytest.raises(BookieError) as err:
+            [e async for e in c.read_range(4, 0, 2999, step=2**32 - 1)]
+        assert err.value.code is Status.BAD_REQUEST and "step" in str(err.value)
+        with pytest.raises(ValueError, match="step"):
+            [e async for e in c.read_range(4, 0, 2999, step=-1)]
+        assert await c.read(4, 2997) == body(4, 2997)       # the server is still up
+        metrics = (await asyncio.to_thread(b.http_get, "/metrics"))[1].decode()
+        assert "pybk_bookie_read_requests_total 4.0" in metrics   # the refused one is not a read
+    finally:
+        await c.close()

@@ -1,0 +1,288 @@
+"""The storage core with no server: journal, group commit, replay, checkpoint, index, state."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from pybk import entry
+from pybk.bookie.bookie import Bookie, StorageOptions
+from pybk.bookie.journal import (Journal, JournalCorruptError, Mark, RecordType, encode_record,
+                                 journal_files, replay)
+from pybk.bookie.state import LedgerState, entry_ranges
+from pybk.proto import pb
+
+KEY = entry.master_key(b"pw")
+
+
+def statuses(errors, n):
+    """Per-entry statuses from add_batch's refusals."""
+    out = [pb.OK] * n
+    for i, status, _ in errors:
+        out[i] = status
+    return out
+
+
+def adds(ledger, first, n, lac=-1, key=KEY, flags=0, size=100):
+    return [pb.AddEntry(request_id=i, ledger_id=ledger, entry_id=i, master_key=key, flags=flags,
+                        body=entry.encode(ledger, i, lac if lac != -2 else i - 1, bytes([i % 256]) * size))
+            for i in range(first, first + n)]
+
+
+async def test_group_commit_completes_all_queued_appends_with_one_write(tmp_path):
+    syncs = []
+    j = Journal(tmp_path, on_sync=lambda s, b, n: syncs.append(n))
+    j.open()
+    futs = [j.append(encode_record(RecordType.ADD, 1, i, b"x" * 10)) for i in range(50)]
+    await asyncio.gather(*futs)
+    await j.close()
+    assert sum(syncs) == 50 and len(syncs) <= 2
+    recs = list(replay(tmp_path, Mark(0, 0)))
+    assert [r.entry for r in recs] == list(range(50))
+
+
+async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
+    j = Journal(tmp_path, max_file_size=1000)
+    j.open()
+    for i in range(40):
+        await j.append(encode_record(RecordType.ADD, 7, i, b"y" * 100))
+    await j.close()
+    assert len(journal_files(tmp_path)) > 3
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(40))
+
+
+async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
+    j = Journal(tmp_path)
+    j.open()
+    for i in range(10):
+        await j.append(encode_record(RecordType.ADD, 1, i, b"z" * 50))
+    await j.close()
+    (_, path), = journal_files(tmp_path)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size - 20)
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
+    assert path.stat().st_size == 9 * (25 + 50)
+    with open(path, "r+b") as f:
+        f.seek(3 * 75 + 30)
+        f.write(b"!")
+    with pytest.raises(JournalCorruptError) as err:
+        list(replay(tmp_path, Mark(0, 0)))
+    assert str(path) in str(err.value) and "offset 225" in str(err.value)
+
+
+async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path):
+    opts = StorageOptions(checkpoint_interval=3600)
+    b = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
+    await b.start()
+    res, fut = b.add_batch(adds(1, 0, 20, lac=-2) + adds(2, 0, 5))
+    assert res == []
+    await fut
+    await b.checkpoint()
+    res, fut = b.add_batch(adds(1, 20, 10, lac=-2) + adds(6, 0, 3))
+    await fut
+    assert b.lac(1) == 28
+    (_, current), = [(s, p) for s, p in journal_files(tmp_path / "j") if s == b.journal.position.seq]
+    assert b.journal.position.offset == current.stat().st_size  # marks point at record boundaries
+    # simulate a crash: no final checkpoint
+    await b.journal.close()
+    b.started = False
+    await b.close()
+    b2 = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
+    await b2.start()
+    try:
+        assert b2.replayed > 0
+        for e in adds(1, 0, 30, lac=-2):
+            assert b2.read_entry(1, e.entry_id) == e.body
+        assert b2.read_entry(2, 4) == adds(2, 4, 1)[0].body
+        assert b2.read_entry(1, 30) is None
+        assert b2.lac(1) == 28
+        assert b2.list_entries(1) == [(0, 29)]
+        await b2.checkpoint()
+        assert b2.cache.count == 0
+        assert b2.read_entry(1, 25) == adds(1, 25, 1, lac=-2)[0].body
+    finally:
+        await b2.close()
+
+
+async def test_master_key_enforced_and_fence_durable(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    await b.add_batch(adds(3, 0, 2, lac=-2))[1]
+    res, _ = b.add_batch(adds(3, 2, 1, key=entry.master_key(b"other")))
+    assert statuses(res, 1) == [pb.UNAUTHORIZED]
+    assert (await b.fence(3, entry.master_key(b"other")))[0] == pb.UNAUTHORIZED
+    assert await b.fence(3, KEY) == (pb.OK, 0)
+    res, _ = b.add_batch(adds(3, 2, 1))
+    assert statuses(res, 1) == [pb.FENCED]
+    res, fut = b.add_batch(adds(3, 2, 1, flags=pb.RECOVERY_ADD))
+    assert res == []
+    await fut
+    await b.journal.close()
+    b.started = False
+    await b.close()
+    b2 = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b2.start()
+    try:
+        assert b2.ledgers[3].fenced and b2.ledgers[3].master_key == KEY
+        assert statuses(b2.add_batch(adds(3, 3, 1))[0], 1) == [pb.FENCED]
+    finally:
+        await b2.close()
+
+
+async def test_bad_requests_are_refused_per_entry(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(max_entry_size=1000))
+    await b.start()
+    try:
+        good = adds(4, 0, 1)[0]
+        short = pb.AddEntry(ledger_id=4, entry_id=1, master_key=KEY, body=b"abc")
+        wrong = pb.AddEntry(ledger_id=4, entry_id=2, master_key=KEY, body=entry.encode(4, 9, -1, b"p"))
+        big = adds(4, 3, 1, size=2000)[0]
+        res, fut = b.add_batch([good, short, wrong, big])
+        assert statuses(res, 4) == [pb.OK, pb.BAD_REQUEST, pb.BAD_REQUEST, pb.BAD_REQUEST]
+        await fut
+    finally:
+        await b.close()
+
+
+async def test_long_poll_wakes_on_new_lac(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"])
+    await b.start()
+    try:
+        await b.add_batch(adds(5, 0, 1))[1]
+        waiter = asyncio.ensure_future(b.wait_lac(5, -1, 10))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        b.add_batch(adds(5, 1, 1, lac=0))
+        assert await asyncio.wait_for(waiter, 5) == 0
+        assert await b.wait_lac(5, 0, 0.05) == 0
+    finally:
+        await b.close()
+
+
+def test_ledger_state_round_trips_and_ranges():
+    st = LedgerState(master_key=KEY, fenced=True, lac=5, explicit_lac=7)
+    assert LedgerState.from_bytes(st.to_bytes()) == st
+    assert entry_ranges([0, 1, 2, 5, 6, 9]) == [(0, 2), (5, 6), (9, 9)]
+
+
+async def test_interleaved_ledgers_with_a_refused_one_keep_every_lac(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"])
+    await b.start()
+    try:
+        await b.add_batch(adds(8, 0, 1))[1]
+        other = entry.master_key(b"other")
+        batch = adds(7, 0, 2, lac=-2) + adds(8, 1, 1, key=other) + adds(7, 2, 3, lac=-2) + adds(9, 0, 2, lac=-2)
+        res, fut = b.add_batch(batch)
+        await fut
+        assert statuses(res, len(batch)) == [pb.OK, pb.OK, pb.UNAUTHORIZED, pb.OK, pb.OK, pb.OK, pb.OK, pb.OK]
+        assert (b.lac(7), b.lac(8), b.lac(9)) == (3, -1, 0)
+        assert b.list_entries(7) == [(0, 4)]
+    finally:
+        await b.close()
+
+
+async def test_compaction_rewrites_mostly_dead_entry_logs_and_keeps_live_entries(tmp_path):
+    opts = StorageOptions(checkpoint_interval=3600, entrylog_max_file_size=1)  # a new log per checkpoint
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
+    await b.start()
+    try:
+        await b.add_batch(adds(1, 0, 10) + adds(2, 0, 90))[1]
+        await b.checkpoint()
+        await b.add_batch(adds(3, 0, 50))[1]
+        await b.checkpoint()
+        logs_before = b.entrylogs[0].log_ids()
+        assert len(logs_before) >= 2
+        assert await b.delete_ledgers({2}) == 90
+        result = await b.compact()
+        assert result["rewritten_logs"] == 1 and result["copied_entries"] == 10 and result["reclaimed_bytes"] > 0
+        assert logs_before[0] not in b.entrylogs[0].log_ids()
+        for e in adds(1, 0, 10) + adds(3, 0, 50):
+            assert b.read_entry(e.ledger_id, e.entry_id) == e.body
+        assert b.read_entry(2, 0) is None and not b.has_ledger(2)
+    finally:
+        await b.close()
+    b2 = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
+    await b2.start()
+    try:
+        assert sorted(b2.ledgers) == [1, 3]
+        assert b2.list_entries(1) == [(0, 9)] and b2.read_entry(1, 9) == adds(1, 9, 1)[0].body
+    finally:
+        await b2.close()
+
+
+async def test_full_write_cache_answers_too_many_requests_until_a_checkpoint(tmp_path):
+    opts = StorageOptions(checkpoint_interval=3600, checkpoint_bytes=1 << 40, max_write_cache_bytes=10_000)
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
+    await b.start()
+    try:
+        await b.add_batch(adds(1, 0, 100, size=200))[1]
+        res, fut = b.add_batch(adds(1, 100, 2))
+        assert fut is None and statuses(res, 2) == [pb.TOO_MANY_REQUESTS] * 2
+        await b.checkpoint()
+        res, fut = b.add_batch(adds(1, 100, 2))
+        assert res == []
+        await fut
+    finally:
+        await b.close()
+
+
+async def test_failed_journal_write_turns_the_bookie_read_only(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"])
+    await b.start()
+    try:
+        await b.add_batch(adds(1, 0, 1))[1]
+        os.close(b.journal._fd)  # the disk goes away under the writer
+        res, fut = b.add_batch(adds(1, 1, 1))
+        with pytest.raises(OSError):
+            await fut
+        assert b.read_only and b.journal_failed
+        assert statuses(b.add_batch(adds(1, 2, 1))[0], 1) == [pb.READ_ONLY]
+        assert b.read_entry(1, 0) == adds(1, 0, 1)[0].body
+        b.journal._fd = os.open(os.devnull, os.O_WRONLY)  # let close() release something valid
+    finally:
+        await b.close()
+
+
+async def test_read_chunks_come_from_entry_log_then_cache_in_order(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        await b.add_batch(adds(1, 0, 300))[1]
+        await b.checkpoint()
+        await b.add_batch(adds(1, 300, 5))[1]
+        got, eid = [], 0
+        while True:
+            chunk = await b.read_chunk(1, eid, 400, 1 << 20, 4096)
+            if not chunk:
+                break
+            got.extend(chunk)
+            eid += len(chunk)
+        assert got == [(e.entry_id, e.body) for e in adds(1, 0, 305)] and eid == 305
+        assert await b.read_chunk(2, 0, 5, 1 << 20, 10) == []
+    finally:
+        await b.close()
+
+
+async def test_read_chunks_with_a_step_return_exactly_the_strided_entries(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        held = [a for a in adds(1, 0, 330) if a.entry_id % 3 != 1]   # a striped replica's share
+        await b.add_batch([a for a in held if a.entry_id < 300])[1]
+        await b.checkpoint()
+        await b.add_batch([a for a in held if a.entry_id >= 300])[1]
+        for start in (0, 2):
+            got, eid = [], start
+            while True:
+                chunk = await b.read_chunk(1, eid, 329, 1 << 20, 7, step=3)
+                if not chunk:
+                    break
+                got.extend(chunk)
+                eid += 3 * len(chunk)
+            assert got == [(a.entry_id, a.body) for a in held if a.entry_id % 3 == start]
+        assert await b.read_chunk(1, 1, 329, 1 << 20, 100, step=3) == []
+        assert [e for e, _ in await b.read_chunk(1, 0, 329, 1 << 20, 100, step=2)] == [0, 2]  # 4 is not
+    finally:
+        await b.close()

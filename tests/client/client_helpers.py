@@ -1,0 +1,59 @@
+"""Helpers shared by the ledger client's tests (not a test module)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from pathlib import Path
+
+from pybk.local.process import ChildProcess
+
+HERE = Path(__file__).parent
+
+
+def payload(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
+    """The deterministic payload of an entry, so any reader can tell a right entry from a wrong one."""
+    head = b"L%d-E%d|" % (ledger_id, entry_id)
+    return head + b"x" * max(0, size - len(head))
+
+
+class ChildWriter(ChildProcess):
+    """writer_child.py in its own process group; `acked()` parses what it printed so far."""
+
+    def __init__(self, uri: str, log: Path, e: int = 3, qw: int = 3, qa: int = 2, count: int = -1,
+                 window: int = 64):
+        super().__init__("writer", [sys.executable, str(HERE / "writer_child.py"), uri, str(e), str(qw),
+                                    str(qa), str(count), str(window)], log)
+
+    def _text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def ledger_id(self) -> int | None:
+        m = re.search(r"^LEDGER (\d+)$", self._text(), re.M)
+        return int(m.group(1)) if m else None
+
+    def acked(self) -> list[int]:
+        return [int(x) for x in re.findall(r"^ACK (\d+)$", self._text(), re.M)]
+
+    async def wait_acked(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked()) < n:
+            if not self.alive():
+                raise RuntimeError(f"writer exited early:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"writer acked {len(self.acked())} of {n} in {timeout}s:\n{self.log_tail()}")
+            await asyncio.sleep(0.05)
+
+
+async def read_all(lh, first: int = 0, last: int | None = None) -> list[tuple[int, bytes]]:
+    last = lh.last_add_confirmed if last is None else last
+    return [(e.entry_id, e.data) async for e in lh.read_entries(first, last)]
+
+
+def expected(ledger_id: int, last: int, size: int = 100) -> list[tuple[int, bytes]]:
+    return [(i, payload(ledger_id, i, size)) for i in range(last + 1)]

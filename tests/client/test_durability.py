@@ -1,0 +1,98 @@
+"""Randomised durability (issue 4, promise 8): rounds of random pipelined adds (random E/Qw/Qa,
+windows, lengths) with kill -9 of at most Qa - 1 bookies at a time and occasional writer crashes
+(a child writer killed with -9).
+After recovery every acked entry is present, once, in order, with its exact payload; at the
+end every ledger of every round is read again."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+from client_helpers import ChildWriter, expected, payload, read_all
+
+from pybk.client import BookKeeper
+from pybk.meta import LedgerState
+
+ROUNDS = int(os.environ.get("PYBK_DURABILITY_ROUNDS", "12"))
+# (E, Qw, Qa) per round: whole copies, striped ensembles, and Qw = Qa (a kill needs a spare bookie)
+CONFIGS = [(3, 3, 2), (3, 3, 2), (4, 3, 2), (5, 3, 2), (4, 2, 2)]
+
+
+async def _writer_round(bk, rng, kill_one, n: int, window: int, force_kill: bool, cfg):
+    lh = await bk.create_ledger(*cfg, password=b"pw")
+    kill_at = rng.randrange(n) if force_kill or rng.random() < 0.6 else -1
+    sem = asyncio.Semaphore(window)
+    acked: list[int] = []
+
+    def done(fut):
+        sem.release()
+        if not fut.cancelled() and fut.exception() is None:
+            acked.append(fut.result())
+
+    futs = []
+    for i in range(n):
+        await sem.acquire()
+        if i == kill_at:
+            kill_one(lh.metadata.current_ensemble)
+        f = lh.add_entry_async(payload(lh.ledger_id, i))
+        f.add_done_callback(done)
+        futs.append(f)
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, f"adds failed with at most Qa-1 bookies down: {errors[:3]}"
+    await lh.close()
+    return lh.ledger_id, acked
+
+
+async def _crash_round(uri, tmp_path, rng, kill_one, round_no: int, force_kill: bool, cfg):
+    e, qw, qa = cfg
+    child = ChildWriter(uri, tmp_path / f"writer-{round_no}.log", e, qw, qa, count=-1,
+                        window=rng.choice([1, 16, 128])).start()
+    try:
+        await child.wait_acked(rng.randrange(20, 300))
+        if force_kill or rng.random() < 0.5:
+            async with await BookKeeper.connect(uri) as bk:
+                kill_one((await bk.ledger_metadata(child.ledger_id)).current_ensemble)
+            await child.wait_acked(len(child.acked()) + rng.randrange(1, 200))
+    finally:
+        child.kill()
+    return child.ledger_id, child.acked()
+
+
+async def test_random_adds_with_bookie_kills_and_writer_crashes_lose_no_acked_entry(cluster_factory, tmp_path):
+    seed = int(os.environ.get("PYBK_DURABILITY_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    cluster = cluster_factory(5)
+    dead: list = []
+
+    def kill_one(ensemble):
+        if dead:                      # at most Qa - 1 = 1 bookie down at a time
+            return
+        victim = cluster.by_id(rng.choice(list(ensemble)))
+        victim.kill()
+        dead.append(victim)
+
+    ledgers: dict[int, list[int]] = {}
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        for r in range(ROUNDS):
+            # round 0 kills a bookie under an in-process writer, round 1 under a writer that crashes
+            cfg = CONFIGS[0] if r < 2 else rng.choice(CONFIGS)
+            if r == 1 or (r > 1 and rng.random() < 0.3):
+                lid, acked = await _crash_round(cluster.uri, tmp_path, rng, kill_one, r, r == 1, cfg)
+            else:
+                lid, acked = await _writer_round(bk, rng, kill_one, rng.randrange(50, 1500),
+                                                 rng.choice([1, 8, 64, 256]), r == 0, cfg)
+            ledgers[lid] = acked
+            rh = await bk.open_ledger(lid, password=b"pw")          # recovers a crashed writer's ledger
+            assert rh.metadata.state is LedgerState.CLOSED
+            last = rh.metadata.last_entry_id
+            assert sorted(acked) == list(range(len(acked))), f"seed {seed}: acks out of order"
+            assert last >= len(acked) - 1, f"seed {seed} round {r} {cfg}: acked {len(acked)}, ledger ends at {last}"
+            assert await read_all(rh) == expected(lid, last), f"seed {seed} round {r} {cfg}: wrong entries"
+            for b in dead:
+                cluster.restart(b)
+            dead.clear()
+        for lid, acked in ledgers.items():
+            rh = await bk.open_ledger(lid, password=b"pw")
+            assert await read_all(rh) == expected(lid, rh.metadata.last_entry_id), f"seed {seed}: ledger {lid}"

@@ -1,0 +1,370 @@
+"""The replication protocol's promises (issue 4), each shown on real etcd and real bookie
+processes. Every fault test checks that no acknowledged entry is lost or changed."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from client_helpers import ChildWriter, expected, payload, read_all
+
+from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
+from pybk.client.quorum import write_set
+from pybk.meta import LedgerState
+
+
+async def _pipelined(lh, n: int, window: int = 64, start: int = 0, on_ack=None) -> list[int]:
+    """Add payload(lid, i) for i in start..start+n-1 with `window` adds in flight; returns acked ids."""
+    sem = asyncio.Semaphore(window)
+    acked: list[int] = []
+
+    def done(fut):
+        sem.release()
+        if not fut.cancelled() and fut.exception() is None:
+            acked.append(fut.result())
+            if on_ack:
+                on_ack(fut.result())
+
+    futs = []
+    for i in range(start, start + n):
+        await sem.acquire()
+        f = lh.add_entry_async(payload(lh.ledger_id, i))
+        f.add_done_callback(done)
+        futs.append(f)
+    await asyncio.gather(*futs, return_exceptions=True)
+    return acked
+
+
+async def _holdings(bk, md) -> dict[str, set[int]]:
+    out = {}
+    for b in md.bookies():
+        c = await bk.client(b)
+        out[b] = {e for a, z in await c.list_entries(md.ledger_id) for e in range(a, z + 1)}
+    return out
+
+
+async def test_entry_is_stored_on_the_write_quorum_from_index_entry_mod_ensemble(cluster_factory):
+    cluster = cluster_factory(5)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=5, write_quorum=3, ack_quorum=3, password=b"pw")
+        await _pipelined(lh, 40)
+        await lh.close()
+        md = lh.metadata
+        ensemble = md.fragments[0].bookies
+        want = {b: set() for b in ensemble}
+        for e in range(40):
+            for i in write_set(5, 3, e):
+                want[ensemble[i]].add(e)
+        assert await _holdings(bk, md) == want
+
+
+async def test_kill_one_bookie_mid_stream_changes_ensemble_and_keeps_every_acked_entry(cluster_factory):
+    cluster = cluster_factory(4)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        victim = lh.metadata.fragments[0].bookies[1]
+        fragments_at_ack: dict[int, int] = {}
+        killed = asyncio.Event()
+
+        def on_ack(eid):
+            fragments_at_ack[eid] = len(lh.metadata.fragments)
+            if eid == 300 and not killed.is_set():
+                killed.set()
+                cluster.by_id(victim).kill()
+
+        acked = await _pipelined(lh, 1500, window=100, on_ack=on_ack)
+        assert acked == list(range(1500))          # writing went on through the failure
+        md = lh.metadata
+        assert len(md.fragments) == 2
+        first = md.fragments[1].first_entry_id
+        old, new = md.fragments[0].bookies, md.fragments[1].bookies
+        assert [i for i in range(3) if old[i] != new[i]] == [1] and victim not in new
+        # the fragment starts at the first entry not yet acked when the change began
+        assert 300 < first <= 1500 and fragments_at_ack[first - 1] == 1
+        # pending entries were resent: the replacement holds every entry from the fragment on
+        await lh.close()
+        replacement = await bk.client(new[1])
+        for _ in range(300):       # acks needed only Qa = 2 copies: the third may still be landing
+            held = {e for a, z in await replacement.list_entries(lh.ledger_id) for e in range(a, z + 1)}
+            if set(range(first, 1500)) <= held:
+                break
+            await asyncio.sleep(0.1)
+        assert set(range(first, 1500)) <= held
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.last_add_confirmed == 1499
+        assert await read_all(rh) == expected(lh.ledger_id, 1499)
+
+
+async def test_second_writer_fences_the_first_and_all_readers_agree(cluster_factory):
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk1, await BookKeeper.connect(cluster.uri) as bk2:
+        lh = await bk1.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        acked: list[int] = []
+        errors: list[BaseException] = []
+        stop = asyncio.Event()
+
+        async def writer():
+            sem = asyncio.Semaphore(32)
+
+            def done(fut):
+                sem.release()
+                if fut.exception() is None:
+                    acked.append(fut.result())
+                else:
+                    errors.append(fut.exception())
+                    stop.set()
+
+            i = 0
+            while not stop.is_set() and i < 200_000:
+                await sem.acquire()
+                lh.add_entry_async(payload(lh.ledger_id, i)).add_done_callback(done)
+                i += 1
+            await asyncio.sleep(0.2)
+            # a later add after the fence fails too
+            with pytest.raises(LedgerFencedError):
+                await lh.add_entry(b"late")
+
+        task = asyncio.ensure_future(writer())
+        while len(acked) < 300:
+            await asyncio.sleep(0.01)
+        rh = await bk2.open_ledger(lh.ledger_id, password=b"pw")       # fences and recovers
+        await asyncio.wait_for(task, 60)
+        assert errors and all(isinstance(e, LedgerFencedError) for e in errors)
+        last = rh.last_add_confirmed
+        assert rh.metadata.state is LedgerState.CLOSED
+        assert last >= max(acked) and sorted(acked) == list(range(len(acked)))
+        seqs = [await read_all(rh)]
+        async with await BookKeeper.connect(cluster.uri) as bk3:
+            for recovery in (True, False):
+                h = await bk3.open_ledger(lh.ledger_id, password=b"pw", recovery=recovery)
+                seqs.append(await read_all(h))
+        assert seqs[0] == seqs[1] == seqs[2] == expected(lh.ledger_id, last)
+        if last == lh.last_add_confirmed:      # closed where this writer stopped: its close succeeds
+            await lh.close()
+        else:                                  # recovery found entries the writer never saw acked
+            with pytest.raises(LedgerClosedError):
+                await lh.close()
+
+
+async def test_writer_killed_mid_stream_recovery_closes_with_every_acked_entry(cluster_factory, tmp_path):
+    cluster = cluster_factory(3)
+    child = ChildWriter(cluster.uri, tmp_path / "writer.log", count=-1, window=64).start()
+    try:
+        await child.wait_acked(500)
+    finally:
+        child.kill()
+    acked = child.acked()
+    lid = child.ledger_id
+    async with await BookKeeper.connect(cluster.uri) as bk, await BookKeeper.connect(cluster.uri) as bk2:
+        assert (await bk.ledger_metadata(lid)).state is LedgerState.OPEN
+        # two readers recover at once: every step is a CAS, so they converge on one last entry
+        rh, rh2 = await asyncio.gather(bk.open_ledger(lid, password=b"pw"), bk2.open_ledger(lid, password=b"pw"))
+        assert rh.metadata.state is rh2.metadata.state is LedgerState.CLOSED
+        last = rh.metadata.last_entry_id
+        assert rh2.metadata.last_entry_id == last >= max(acked)
+        assert await read_all(rh) == await read_all(rh2) == expected(lid, last)
+
+
+async def test_tailing_reader_wakes_on_long_poll_as_writer_adds(cluster_factory):
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk, await BookKeeper.connect(cluster.uri) as bk2:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        await lh.add_entry(payload(lh.ledger_id, 0))
+        rh = await bk2.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        assert rh.metadata.state is LedgerState.OPEN       # no fencing, the writer goes on
+
+        async def write():
+            for i in range(1, 20):
+                await asyncio.sleep(0.05)
+                await lh.add_entry(payload(lh.ledger_id, i))
+
+        writer = asyncio.ensure_future(write())
+        seen: list[tuple[int, bytes]] = []
+        lac = -1
+        while lac < 19:
+            new = await rh.wait_last_add_confirmed(lac, timeout=30)
+            assert new > lac, "long-poll returned without a newer LAC"
+            seen += await read_all(rh, lac + 1, new)
+            lac = new
+        await writer
+        assert seen == expected(lh.ledger_id, 19)
+        await lh.add_entry(payload(lh.ledger_id, 20))     # the writer was never fenced
+        await lh.close()
+        assert await rh.wait_last_add_confirmed(20, timeout=30) == 20    # the reader learns of the close
+        assert rh.is_closed and await read_all(rh) == expected(lh.ledger_id, 20)
+
+
+def _flip_in_entry_logs(bookie, needle: bytes) -> int:
+    """Flip one byte inside `needle` wherever the bookie's ledger dirs hold it (not the journal,
+    whose records are checksummed and replayed only after the last checkpoint)."""
+    flipped = 0
+    for d in bookie.ledger_dirs:
+        for f in d.rglob("*"):
+            if not f.is_file():
+                continue
+            data = bytearray(f.read_bytes())
+            at = data.find(needle)
+            while at >= 0:
+                data[at + len(needle) - 1] ^= 0xFF
+                flipped += 1
+                at = data.find(needle, at + 1)
+            if flipped:
+                f.write_bytes(bytes(data))
+    return flipped
+
+
+async def test_corrupted_replica_is_detected_and_read_from_another(cluster_factory, caplog):
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
+        await _pipelined(lh, 30)
+        await lh.close()
+        victim_id = lh.metadata.fragments[0].bookies[0]     # first replica of entries 0, 3, 6, ...
+        victim = cluster.by_id(victim_id)
+        victim.stop()                                        # a clean stop checkpoints to the entry log
+        assert _flip_in_entry_logs(victim, payload(lh.ledger_id, 3)) == 1
+        victim.start()
+        c = await bk.client(victim_id)
+        from pybk.entry import DigestMismatch, decode
+        with pytest.raises(DigestMismatch):                  # the replica really is corrupt
+            decode(await c.read(lh.ledger_id, 3), lh.metadata.digest_type, b"pw")
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await rh.read_entry(3) == payload(lh.ledger_id, 3)
+        assert bk.digest_mismatches == 1
+        assert await read_all(rh) == expected(lh.ledger_id, 29)   # range read falls over at entry 3
+        assert bk.digest_mismatches == 2
+        assert f"corrupt replica on bookie {victim_id}" in caplog.text
+
+
+async def test_close_losing_its_cas_to_recovery_follows_the_close_rules(cluster_factory):
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk, await BookKeeper.connect(cluster.uri) as bk2:
+        store = bk2.store
+        # CLOSED by recovery at the writer's own last entry -> the writer's close succeeds
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(10):
+            await lh.add_entry(payload(lh.ledger_id, i))
+        rh = await bk2.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.metadata.last_entry_id == 9
+        await lh.close()
+        assert lh.metadata.state is LedgerState.CLOSED and lh.metadata.last_entry_id == 9
+
+        # IN_RECOVERY (a recovery that has only taken step 1) -> the close fails as fenced
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await lh.add_entry(b"a")
+        md = await store.ledgers.get(lh.ledger_id)
+        await store.ledgers.cas(md.replace(state=LedgerState.IN_RECOVERY))
+        with pytest.raises(LedgerFencedError, match="recovering"):
+            await lh.close()
+        assert (await store.ledgers.get(lh.ledger_id)).state is LedgerState.IN_RECOVERY
+
+        # CLOSED at another last entry (recovery found an entry the writer never saw acked) -> error
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await lh.add_entry(b"a")
+        md = await store.ledgers.get(lh.ledger_id)
+        await store.ledgers.cas(md.replace(state=LedgerState.CLOSED, last_entry_id=1))
+        with pytest.raises(LedgerClosedError, match="closed by someone else at last entry 1"):
+            await lh.close()
+        assert (await store.ledgers.get(lh.ledger_id)).last_entry_id == 1
+
+        # still OPEN but changed (another version) -> the close retries and succeeds
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await lh.add_entry(b"a")
+        await lh.add_entry(b"b")
+        md = await store.ledgers.get(lh.ledger_id)
+        await store.ledgers.cas(md.replace(custom={"touched": b"1"}))
+        await lh.close()
+        md = await store.ledgers.get(lh.ledger_id)
+        assert (md.state, md.last_entry_id, md.custom) == (LedgerState.CLOSED, 1, {"touched": b"1"})
+        with pytest.raises(LedgerClosedError):
+            await lh.add_entry(b"c")
+
+
+async def test_ensemble_change_losing_its_cas_to_recovery_or_close_fails_pending_adds(cluster_factory):
+    cluster = cluster_factory(5)
+    async with await BookKeeper.connect(cluster.uri) as bk, await BookKeeper.connect(cluster.uri) as bk2:
+        store = bk2.store
+        for state, error in ((LedgerState.IN_RECOVERY, LedgerFencedError), (LedgerState.CLOSED, LedgerClosedError)):
+            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
+            for i in range(5):
+                await lh.add_entry(payload(lh.ledger_id, i))
+            md = await store.ledgers.get(lh.ledger_id)
+            await store.ledgers.cas(md.replace(state=state, last_entry_id=4))   # someone else moved first
+            cluster.by_id(lh.metadata.fragments[0].bookies[2]).kill()           # forces an ensemble change
+            futs = [lh.add_entry_async(payload(lh.ledger_id, i)) for i in range(5, 10)]
+            for f in futs:
+                with pytest.raises(error):
+                    await f
+            assert (await store.ledgers.get(lh.ledger_id)).fragments == md.fragments   # no fragment added
+
+
+async def test_reads_move_to_the_next_replica_on_error_or_when_a_replica_stalls(cluster_factory):
+    import signal
+    from pybk.client import ClientOptions
+    cluster = cluster_factory(3)
+    # a read that waited for a stalled replica's timeout would take a minute per entry
+    slow = ClientOptions(read_timeout=60.0, speculative_read_delay=0.05)
+    async with await BookKeeper.connect(cluster.uri, slow) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
+        await _pipelined(lh, 30)
+        await lh.close()
+        ensemble = lh.metadata.fragments[0].bookies
+        stalled = cluster.by_id(ensemble[0])
+        stalled.signal(signal.SIGSTOP)
+        try:
+            rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+            got = [(e, await rh.read_entry(e)) for e in range(30)]       # one at a time: speculative reads
+            assert got == expected(lh.ledger_id, 29)
+            assert await read_all(rh) == expected(lh.ledger_id, 29)      # range reads fall over too
+        finally:
+            stalled.signal(signal.SIGCONT)
+        cluster.by_id(ensemble[1]).kill()                               # an error: the next replica answers
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert [(e, await rh.read_entry(e)) for e in range(30)] == expected(lh.ledger_id, 29)
+        assert await read_all(rh) == expected(lh.ledger_id, 29)
+
+
+async def test_a_stalled_bookie_is_replaced_after_the_add_timeout(cluster_factory):
+    import signal
+    from pybk.client import ClientOptions
+    cluster = cluster_factory(4)
+    async with await BookKeeper.connect(cluster.uri, ClientOptions(add_timeout=1.0)) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
+        stalled = cluster.by_id(lh.metadata.fragments[0].bookies[2])
+
+        def on_ack(eid):
+            if eid == 100:
+                stalled.signal(signal.SIGSTOP)       # alive, connected, silent
+        try:
+            acked = await _pipelined(lh, 400, window=32, on_ack=on_ack)
+        finally:
+            stalled.signal(signal.SIGCONT)
+        assert acked == list(range(400))
+        assert len(lh.metadata.fragments) == 2 and stalled.bookie_id not in lh.metadata.fragments[1].bookies
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await read_all(rh) == expected(lh.ledger_id, 399)
+
+
+async def test_without_a_spare_bookie_writes_go_on_with_ack_quorum_and_close(cluster_factory):
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        victim = lh.metadata.fragments[0].bookies[0]
+
+        def on_ack(eid):
+            if eid == 50:
+                cluster.by_id(victim).kill()
+        acked = await _pipelined(lh, 300, window=16, on_ack=on_ack)
+        assert acked == list(range(300))
+        await asyncio.wait_for(lh.close(), 60)
+        assert lh.metadata.state is LedgerState.CLOSED and lh.metadata.last_entry_id == 299
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await read_all(rh) == expected(lh.ledger_id, 299)
+        # with two of three bookies gone no write quorum has Qa left: adds fail, saying why
+        while victim in await bk.writable_bookies():      # its registration lease runs out
+            await asyncio.sleep(0.2)
+        lh = await bk.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2, password=b"pw")
+        await lh.add_entry(b"a")
+        cluster.by_id(lh.metadata.current_ensemble[0]).kill()
+        with pytest.raises(NotEnoughBookiesError, match="needed 1, found 0"):
+            await lh.add_entry(b"b")

@@ -1,0 +1,126 @@
+"""The protocol's pure decisions: write sets, ordered acks, fencing coverage, recovery reads,
+placement and the close-conflict rule, with no server."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from pybk.client.close import CloseOutcome, after_close_conflict
+from pybk.client.errors import NotEnoughBookiesError
+from pybk.client.placement import choose_ensemble, replace_bookies
+from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
+                                recovery_read_decision, validate, write_quorums, write_set)
+
+F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
+
+
+def test_write_set_starts_at_entry_mod_ensemble_and_wraps():
+    # the seed's example: E=4, Qw=3
+    assert [write_set(4, 3, e) for e in range(6)] == [
+        [0, 1, 2], [1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2], [1, 2, 3]]
+    assert write_quorums(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+
+
+def test_validate_rejects_bad_quorums():
+    validate(3, 3, 2)
+    for bad in [(2, 3, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0)]:
+        with pytest.raises(ValueError, match="ensemble >= write_quorum"):
+            validate(*bad)
+
+
+def test_entry_acked_only_with_ack_quorum_and_all_earlier_entries_acked():
+    t = AckTracker(3, 3, 2)
+    for _ in range(3):
+        t.add()
+    assert t.ack(1, 0) == -1 and t.ack(1, 1) == -1   # entry 1 has Qa, but 0 does not
+    assert t.ack(0, 2) == -1
+    assert t.ack(0, 0) == 1                           # 0 completes, 1 follows at once
+    assert t.ack(2, 0) == 1
+    assert t.ack(2, 0) == 1                           # a duplicate ack does not count twice
+    assert t.ack(2, 1) == 2
+    assert t.next_entry == 3 and list(t.pending) == []
+
+
+def test_acks_outside_write_set_or_already_acked_are_ignored():
+    t = AckTracker(4, 2, 2)
+    t.add(); t.add()
+    assert t.ack(0, 2) == -1 and t.acks(0) == set()   # index 2 is not in entry 0's write set {0,1}
+    t.ack(0, 0); assert t.ack(0, 1) == 0
+    assert t.ack(0, 1) == 0 and t.ack(7, 0) == 0
+
+
+def test_forget_drops_acks_of_replaced_bookies():
+    t = AckTracker(3, 3, 2)
+    t.add(); t.add()
+    t.ack(1, 0); t.ack(1, 2)
+    t.forget([2])
+    assert t.acks(1) == {0}
+    t.ack(0, 0); assert t.ack(0, 1) == 0              # 1 lost its second ack, stays pending
+    assert t.ack(1, 2) == 1
+
+
+def test_fencing_needs_qw_minus_qa_plus_one_from_every_write_quorum():
+    assert not fencing_complete(3, 3, 2, [0])
+    assert fencing_complete(3, 3, 2, [0, 2])
+    assert fencing_complete(3, 2, 2, [0])  is False
+    # E5/Qw3/Qa2: every quorum of three needs two answers
+    for answered in itertools.combinations(range(5), 3):
+        ok = all(sum(i in answered for i in q) >= 2 for q in write_quorums(5, 3))
+        assert fencing_complete(5, 3, 2, answered) is ok
+    assert fencing_complete(5, 3, 2, range(5))
+    assert fencing_complete(3, 3, 3, [1])             # Qa = Qw: one answer per quorum suffices
+
+
+def test_recovery_read_decision():
+    assert recovery_read_decision(3, 2, []) is RecoveryDecision.UNDECIDED
+    assert recovery_read_decision(3, 2, [M, F]) is RecoveryDecision.EXISTS
+    assert recovery_read_decision(3, 2, [M]) is RecoveryDecision.UNDECIDED
+    assert recovery_read_decision(3, 2, [M, M]) is RecoveryDecision.MISSING
+    assert recovery_read_decision(3, 2, [M, X]) is RecoveryDecision.UNDECIDED
+    assert recovery_read_decision(3, 2, [M, X, X]) is RecoveryDecision.FAILED
+    assert recovery_read_decision(3, 3, [M]) is RecoveryDecision.MISSING
+    assert recovery_read_decision(3, 1, [M, M, X]) is RecoveryDecision.FAILED
+
+
+def test_ensemble_is_distinct_random_and_spread_across_zones():
+    zones = {f"b{i}": f"z{i % 3}" for i in range(9)}
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(50):
+        ens = choose_ensemble(zones, 3, rng=rng)
+        assert len(set(ens)) == 3
+        assert {zones[b] for b in ens} == {"z0", "z1", "z2"}
+        seen.add(tuple(sorted(ens)))
+    assert len(seen) > 5
+    nozone = {f"b{i}": None for i in range(4)}
+    assert len(set(choose_ensemble(nozone, 4, rng=rng))) == 4
+
+
+def test_not_enough_bookies_says_needed_and_found():
+    with pytest.raises(NotEnoughBookiesError, match="needed 3, found 2") as ei:
+        choose_ensemble({"a": None, "b": None}, 3)
+    assert (ei.value.needed, ei.value.found) == (3, 2)
+    with pytest.raises(NotEnoughBookiesError, match="needed 1, found 0"):
+        replace_bookies({"a": None, "b": None, "c": None}, ["a", "b", "c"], [1])
+
+
+def test_replacement_excludes_ensemble_and_failed_and_prefers_unused_zone():
+    zones = {"a": "z1", "b": "z2", "c": "z3", "d": "z1", "e": "z3", "f": "z2", "g": "z4"}
+    rng = random.Random(3)
+    for _ in range(30):
+        new = replace_bookies(zones, ["a", "b", "c"], [1], exclude={"g"}, rng=rng)
+        assert new[0] == "a" and new[2] == "c"
+        assert new[1] == "f"                               # z2 is the only zone left unused
+    new = replace_bookies(zones, ["a", "b", "c"], [0, 2], exclude={"d"}, rng=rng)
+    assert new[1] == "b" and not {new[0], new[2]} & {"a", "b", "c", "d"}
+
+
+def test_close_conflict_decision():
+    assert after_close_conflict("OPEN", -1, 5) is CloseOutcome.RETRY
+    assert after_close_conflict("IN_RECOVERY", -1, 5) is CloseOutcome.IN_RECOVERY
+    assert after_close_conflict("CLOSED", 5, 5) is CloseOutcome.SUCCESS
+    assert after_close_conflict("CLOSED", 6, 5) is CloseOutcome.MISMATCH
+    with pytest.raises(ValueError):
+        after_close_conflict("WEIRD", 0, 0)

@@ -1,0 +1,43 @@
+"""What etcd says about a cluster, read through pybk.meta on a real etcd."""
+from __future__ import annotations
+
+import pytest
+
+from pybk.cluster import metadata
+from pybk.cluster.observed import DecommissionPhase, Registration
+from pybk.meta import BookieInfo, MetadataStore
+
+
+@pytest.fixture
+async def store(metadata_uri):
+    s = await MetadataStore.connect(metadata_uri)
+    yield s
+    await s.close()
+
+
+async def test_observe_reports_registry_drains_markers_and_open_ensembles(store):
+    ids = [f"b{i}:3181" for i in range(4)]
+    for bid in ids[:3]:
+        await store.registry.register(BookieInfo(bookie_id=bid, grpc=bid))
+    await store.registry.set_readonly(ids[2], True)
+    open_md = await store.ledgers.create(ids[:3], 3, 2)
+    closed = await store.ledgers.create(ids, 3, 2)
+    closed.state = type(closed.state).CLOSED
+    closed.last_entry_id = -1
+    await store.ledgers.cas(closed)
+    await store.underreplication.mark(open_md.ledger_id, [ids[2]])
+    rec = await store.decommission.request(ids[2])
+    await store.decommission.update(rec, state="draining", ledgers_total=3, ledgers_remaining=2)
+    failed = await store.decommission.request(ids[3])
+    await store.decommission.update(failed, state="failed", message="no bookie to copy to")
+
+    meta, bookies = await metadata.observe(store, ids, need_ensemble=True)
+    assert meta.under_replicated == 1 and meta.max_open_ensemble == 3  # the closed E4 ledger does not count
+    assert [bookies[b].registration for b in ids] == [Registration.WRITABLE, Registration.WRITABLE,
+                                                      Registration.READONLY, Registration.ABSENT]
+    assert (bookies[ids[2]].decommission, bookies[ids[2]].ledgers_left) == (DecommissionPhase.IN_PROGRESS, 2)
+    assert bookies[ids[3]].decommission is DecommissionPhase.FAILED
+    assert bookies[ids[3]].message == "no bookie to copy to"
+    assert bookies[ids[0]].decommission is DecommissionPhase.NONE
+    meta, _ = await metadata.observe(store, ids)  # no scale-down pending: no ledger scan
+    assert meta.max_open_ensemble == 0

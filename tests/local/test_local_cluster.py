@@ -1,0 +1,217 @@
+"""`pybk local up|down|status|apply` with real etcd and real bookie processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pybk.local import runner
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+PYBK = [sys.executable, "-m", "pybk.cli"]
+
+
+def pybk(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYBK, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def manifest(tmp_path: Path, replicas: int = 3, ensemble: int = 3, config: dict | None = None,
+             autorecovery: int = 0) -> Path:
+    qw = min(ensemble, 3)
+    text = (f"apiVersion: pybk.io/v1alpha1\nkind: BookieCluster\nmetadata: {{name: t}}\n"
+            f"spec:\n  replicas: {replicas}\n"
+            f"  ledgerDefaults: {{ensemble: {ensemble}, writeQuorum: {qw}, ackQuorum: {min(qw, 2)}}}\n"
+            f"  config: {json.dumps(config or {})}\n"
+            f"  autorecovery: {{replicas: {autorecovery}}}\n")
+    path = tmp_path / f"cluster-{replicas}-{autorecovery}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    return runner.pid_alive(pid)
+
+
+async def _bookie_answers(grpc: str) -> str:
+    from pybk.bookie.client import BookieClient
+    c = await BookieClient.connect(grpc)
+    try:
+        return (await c.info())["bookie_id"]
+    finally:
+        await c.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One 3-bookie cluster from examples/cluster.yaml for the read-only checks of this module."""
+    data_dir = tmp_path_factory.mktemp("local")
+    with runner.detached(EXAMPLE, data_dir) as doc:
+        yield data_dir, doc
+
+
+def test_up_detach_writes_local_json_in_the_documented_shape(cluster):
+    data_dir, doc = cluster
+    assert doc == json.loads((data_dir / "local.json").read_text())
+    assert set(doc) == {"metadata_service_uri", "etcd", "bookies", "autorecovery"}
+    assert doc["metadata_service_uri"].startswith("etcd://127.0.0.1:") and doc["metadata_service_uri"].endswith("/pybk")
+    assert set(doc["etcd"]) == {"pid", "client_url"} and _alive(doc["etcd"]["pid"])
+    assert [b["id"] for b in doc["bookies"]] == ["bookie-0", "bookie-1", "bookie-2"]
+    for b in doc["bookies"]:
+        assert set(b) == {"id", "pid", "grpc", "http", "journal_dir", "ledger_dirs"}
+        assert _alive(b["pid"])
+        assert Path(b["journal_dir"]) == data_dir.resolve() / b["id"] / "journal"
+        assert [Path(d) for d in b["ledger_dirs"]] == [data_dir.resolve() / b["id"] / "ledgers"]
+        assert (data_dir / f"{b['id']}.log").exists()
+    assert [(r["id"], _alive(r["pid"])) for r in doc["autorecovery"]] == [("autorecovery-0", True)]
+
+
+async def test_every_bookie_answers_on_its_recorded_ports(cluster):
+    _, doc = cluster
+    import urllib.request
+    for b in doc["bookies"]:
+        assert await _bookie_answers(b["grpc"]) == b["id"]
+        with urllib.request.urlopen(f"http://{b['http']}/heartbeat", timeout=10) as resp:
+            assert resp.status == 200
+
+
+def test_status_lists_every_process_running(cluster):
+    data_dir, doc = cluster
+    res = pybk("local", "status", "--data-dir", data_dir, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert status["etcd"]["alive"] and [b["alive"] for b in status["bookies"]] == [True, True, True]
+    assert [r["alive"] for r in status["autorecovery"]] == [True]
+    assert status["supervisor_pid"] and _alive(status["supervisor_pid"])
+
+
+def test_second_up_on_a_running_data_dir_is_refused(cluster):
+    data_dir, _ = cluster
+    res = pybk("local", "up", "-f", EXAMPLE, "--data-dir", data_dir, "--detach")
+    assert res.returncode == 1 and "already runs" in res.stderr
+
+
+def test_down_stops_every_recorded_process(tmp_path):
+    with runner.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), tmp_path / "d") as doc:
+        assert len(doc["autorecovery"]) == 1
+        supervisor = runner.running_supervisor(tmp_path / "d")
+        res = pybk("local", "down", "--data-dir", tmp_path / "d")
+        assert res.returncode == 0, res.stderr
+    pids = [doc["etcd"]["pid"], supervisor] + [b["pid"] for b in doc["bookies"] + doc["autorecovery"]]
+    assert [p for p in pids if _alive(p)] == []
+    assert not (tmp_path / "d" / "local.json").exists()
+
+
+def test_ctrl_c_in_the_foreground_stops_everything(tmp_path):
+    data_dir = tmp_path / "d"
+    proc = subprocess.Popen([*PYBK, "local", "up", "-f", str(manifest(tmp_path, 1, 1)), "--data-dir", str(data_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (data_dir / "local.json").exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "not ready"
+            time.sleep(0.1)
+        doc = runner.read_local_json(data_dir)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 0
+        out = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        runner.down(data_dir) if (data_dir / "local.json").exists() else None
+    assert "local cluster ready" in out and "Ctrl-C" in out
+    assert [p for p in [doc["etcd"]["pid"]] + [b["pid"] for b in doc["bookies"]] if _alive(p)] == []
+
+
+def test_restart_keeps_ids_ports_and_data_dirs(tmp_path):
+    m = manifest(tmp_path, replicas=1, ensemble=1)
+    with runner.detached(m, tmp_path / "d") as first:
+        pass
+    with runner.detached(m, tmp_path / "d") as second:
+        assert second["metadata_service_uri"] == first["metadata_service_uri"]
+        strip = lambda d: [{k: v for k, v in b.items() if k != "pid"} for b in d["bookies"]]
+        assert strip(second) == strip(first)
+
+
+def test_config_overrides_reach_the_bookie_command_line(tmp_path):
+    m = manifest(tmp_path, replicas=1, ensemble=1, config={"journalGroupWait": "0.003"})
+    with runner.detached(m, tmp_path / "d") as doc:
+        cmdline = Path(f"/proc/{doc['bookies'][0]['pid']}/cmdline").read_bytes().split(b"\0")
+        i = cmdline.index(b"--journal-group-wait")
+        assert cmdline[i + 1] == b"0.003"
+
+
+def test_up_with_an_invalid_manifest_fails_naming_the_field(tmp_path):
+    bad = manifest(tmp_path, replicas=2, ensemble=3)
+    res = pybk("local", "up", "-f", bad, "--data-dir", tmp_path / "d", "--detach")
+    assert res.returncode == 1
+    assert "spec.replicas (2) must be >= spec.ledgerDefaults.ensemble (3)" in res.stderr
+
+
+def test_down_with_nothing_running_says_so(tmp_path):
+    res = pybk("local", "down", "--data-dir", tmp_path)
+    assert res.returncode == 1 and "no local cluster is running" in res.stderr
+
+
+def test_down_after_the_supervisor_was_killed_stops_the_orphans(tmp_path):
+    data_dir = tmp_path / "d"
+    with runner.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), data_dir) as doc:
+        supervisor = runner.running_supervisor(data_dir)
+        os.kill(supervisor, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = [doc["etcd"]["pid"]] + [p["pid"] for p in doc["bookies"] + doc["autorecovery"]]
+        assert all(_alive(p) for p in children)  # orphans keep running, in their own sessions
+        refused = pybk("local", "up", "--data-dir", data_dir, "--detach")
+        assert refused.returncode == 1 and "still run" in refused.stderr
+        res = pybk("local", "down", "--data-dir", data_dir)
+        assert res.returncode == 0, res.stderr
+    assert [p for p in children if _alive(p)] == []
+
+
+def test_a_bookie_that_cannot_start_fails_up_with_its_error_and_leaves_nothing(tmp_path):
+    data_dir = tmp_path / "d"
+    res = pybk("local", "up", "-f", manifest(tmp_path, 1, 1, config={"no-such-option": "1"}), "--data-dir", data_dir,
+               "--detach", "--timeout", "60")
+    assert res.returncode == 1
+    assert "bookie-0" in res.stderr and "no-such-option" in res.stderr
+    assert runner.running_supervisor(data_dir) is None and not (data_dir / "local.json").exists()
+    etcd_pid = [line for line in (data_dir / "local.log").read_text().splitlines() if "starting etcd" in line]
+    assert etcd_pid  # etcd was started, and stopped again: no etcd answers on the recorded port
+    port = json.loads((data_dir / "ports.json").read_text())["etcd"]["client"]
+    assert runner._port_free("127.0.0.1", port)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and runner.pid_alive(int(entry.name)) and runner.process_mentions(int(entry.name), text):
+            found.append(int(entry.name))
+    return found
+
+
+def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path):
+    data_dir = tmp_path / "d"
+    proc = subprocess.Popen([*PYBK, "local", "up", "-f", str(manifest(tmp_path, 3, 3)), "--data-dir", str(data_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "starting bookie-0" in line:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(str(data_dir)) == []
+    assert not (data_dir / "local.json").exists() and runner.running_supervisor(data_dir) is None

@@ -1,0 +1,42 @@
+"""Entry bodies carry a digest that detects any change to header or payload."""
+import pytest
+
+from pybk import entry
+from pybk.entry import DigestType
+
+
+@pytest.mark.parametrize("dt", list(DigestType))
+def test_entry_round_trips(dt):
+    body = entry.encode(7, 3, 2, b"hello", dt, b"pw")
+    header, payload = entry.decode(body, dt, b"pw", ledger_id=7, entry_id=3)
+    assert (header.ledger_id, header.entry_id, header.lac, payload) == (7, 3, 2, b"hello")
+
+
+@pytest.mark.parametrize("dt", list(DigestType))
+def test_flipped_byte_is_detected(dt):
+    body = bytearray(entry.encode(7, 3, 2, b"hello world", dt, b"pw"))
+    for i in range(len(body)):
+        bad = bytearray(body)
+        bad[i] ^= 0x01
+        with pytest.raises(entry.DigestMismatch):
+            entry.decode(bytes(bad), dt, b"pw", ledger_id=7, entry_id=3)
+
+
+def test_mac_needs_the_password():
+    body = entry.encode(1, 0, -1, b"x", DigestType.MAC, b"right")
+    with pytest.raises(entry.DigestMismatch):
+        entry.decode(body, DigestType.MAC, b"wrong")
+
+
+def test_master_key_is_not_the_stored_password_hash():
+    assert entry.master_key(b"pw") != entry.password_hash(b"pw")
+    assert b"pw" not in entry.master_key(b"pw")
+
+
+def test_structural_check_without_the_password_still_catches_wrong_ids_and_lengths():
+    body = entry.encode(1, 5, 4, b"payload", DigestType.MAC, b"secret")
+    header, payload = entry.decode(body, DigestType.MAC, ledger_id=1, entry_id=5, verify_digest=False)
+    assert (header.entry_id, payload) == (5, b"payload")
+    for bad, kwargs in ((body, dict(entry_id=6)), (body, dict(ledger_id=2)), (body[:-1], {}), (body + b"x", {})):
+        with pytest.raises(entry.DigestMismatch):
+            entry.decode(bad, DigestType.MAC, verify_digest=False, **kwargs)
