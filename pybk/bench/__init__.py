@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "read": "ledger reads on a local cluster",
     "recovery": "time to re-replicate a lost bookie's data",
     "spark": "scan ledgers with Spark local[2]",
+    "floor": "latency floor of a window-1 replicated add: bare gRPC servers that fdatasync, no pybk",
 }
 
 

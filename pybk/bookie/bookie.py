@@ -53,6 +53,7 @@ class StorageOptions:
     group_wait: float = 0.0
     group_max_bytes: int = 16 * 1024 * 1024
     fsync: bool = True
+    journal_inline_bytes: int = 64 * 1024  # journal groups up to this size skip the worker thread
     checkpoint_interval: float = 30.0
     checkpoint_bytes: int = 128 * 1024 * 1024
     entrylog_max_file_size: int = 1024 * 1024 * 1024
@@ -111,7 +112,7 @@ class Bookie:
         self.replayed = await asyncio.get_running_loop().run_in_executor(None, self._replay, mark)
         self.journal = Journal(self.journal_dir, self.opts.journal_max_file_size, self.opts.group_wait,
                                self.opts.group_max_bytes, self.opts.fsync, self.metrics.journal_synced,
-                               self._journal_failed)
+                               self._journal_failed, self.opts.journal_inline_bytes)
         self.journal.open()
         self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
         self._update_disk_state()

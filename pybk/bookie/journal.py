@@ -6,7 +6,11 @@ Record layout (big-endian):
 
 `length` is the body's length; the CRC32C covers type, ledger, entry and body. One writer task
 does group commit: it takes everything queued, writes it with one write and one fdatasync, then
-completes all of those appends at once. Files are named `journal-<seq>.log` and rotate by size.
+completes all of those appends at once. A small group (a lone add, the window-1 case) is written
+and synced right on the event loop while the disk syncs fast (under INLINE_MAX_SYNC_SECONDS on
+average): the hop to a worker thread and back costs more CPU and latency than the fdatasync
+itself. A big group, or any group on a slow disk, goes to a worker thread, so the loop keeps
+serving reads and taking the next batches in while the disk syncs. Files are named `journal-<seq>.log` and rotate by size.
 The journal mark (file seq, offset) says where replay starts; files before it are deleted once a
 checkpoint made their content durable elsewhere.
 """
@@ -29,6 +33,9 @@ MAX_BODY = 64 * 1024 * 1024  # a length above this is corruption, not a torn wri
 MARK_FILE = "journal.mark"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _MARK = struct.Struct(">QQI")
+# Small groups are written on the event loop only while the disk syncs this fast: on a slow disk
+# the loop would stall reads and everything else for the whole fdatasync.
+INLINE_MAX_SYNC_SECONDS = 0.001
 
 
 class RecordType(enum.IntEnum):
@@ -171,12 +178,14 @@ class Journal:
     def __init__(self, directory: Path, max_file_size: int = 512 * 1024 * 1024, group_wait: float = 0.0,
                  group_max_bytes: int = 16 * 1024 * 1024, fsync: bool = True,
                  on_sync: Callable[[float, int, int], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None):
+                 on_error: Callable[[BaseException], None] | None = None, inline_max_bytes: int = 64 * 1024):
         self.directory = Path(directory)
         self.max_file_size = max_file_size
         self.group_wait = group_wait
         self.group_max_bytes = group_max_bytes
         self.fsync = fsync
+        self.inline_max_bytes = inline_max_bytes  # groups up to this size are written on the loop
+        self._sync_seconds = 0.0  # moving average of a group commit's duration
         self.on_sync = on_sync  # (seconds, bytes, appends) after every group commit
         self.on_error = on_error  # once, when a write fails: the journal accepts nothing after that
         self._queue: list[tuple[list[bytes], int, asyncio.Future]] = []
@@ -253,7 +262,10 @@ class Journal:
                 t0 = time.perf_counter()
                 self._busy = True
                 try:
-                    await loop.run_in_executor(None, self._write, parts, size)
+                    if size <= self.inline_max_bytes and self._sync_seconds < INLINE_MAX_SYNC_SECONDS:
+                        self._write(parts, size)
+                    else:
+                        await loop.run_in_executor(None, self._write, parts, size)
                 except BaseException as exc:  # noqa: BLE001 - fail every waiter, then stop
                     self._error = exc
                     for _, _, f in group + self._queue:
@@ -267,8 +279,10 @@ class Journal:
                     continue
                 finally:
                     self._busy = False
+                took = time.perf_counter() - t0
+                self._sync_seconds += (took - self._sync_seconds) / 8
                 if self.on_sync:
-                    self.on_sync(time.perf_counter() - t0, size, len(group))
+                    self.on_sync(took, size, len(group))
                 for _, _, f in group:
                     if not f.done():
                         f.set_result(None)

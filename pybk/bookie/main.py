@@ -43,6 +43,9 @@ OPTIONS: list[Option] = [
     Option("journal_group_wait", "seconds the journal writer waits to gather more adds into one fdatasync "
            "(0 = take whatever is queued)", 0.0, float),
     Option("journal_group_max_bytes", "most bytes written per journal group commit", "16MiB", parse_size),
+    Option("journal_inline_bytes", "journal group commits up to this size are written and fdatasync'd on the "
+           "event loop instead of a worker thread: lower latency for lone adds (0 = always a thread)",
+           "64KiB", parse_size),
     Option("journal_max_file_size", "journal files rotate at this size", "256MiB", parse_size),
     Option("journal_fsync", "fdatasync the journal before acknowledging adds (false only for experiments)",
            True, parse_bool),
@@ -100,6 +103,7 @@ class BookieServer:
         opts = StorageOptions(
             journal_max_file_size=cfg["journal_max_file_size"], group_wait=cfg["journal_group_wait"],
             group_max_bytes=cfg["journal_group_max_bytes"], fsync=cfg["journal_fsync"],
+            journal_inline_bytes=cfg["journal_inline_bytes"],
             checkpoint_interval=cfg["checkpoint_interval"], checkpoint_bytes=cfg["checkpoint_bytes"],
             entrylog_max_file_size=cfg["entrylog_max_file_size"], max_entry_size=cfg["max_entry_size"],
             high_water_mark=cfg["high_water_mark"], low_water_mark=cfg["low_water_mark"],

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 
@@ -40,6 +41,31 @@ async def test_group_commit_completes_all_queued_appends_with_one_write(tmp_path
     assert sum(syncs) == 50 and len(syncs) <= 2
     recs = list(replay(tmp_path, Mark(0, 0)))
     assert [r.entry for r in recs] == list(range(50))
+
+
+class _ThreadRecordingJournal(Journal):
+    """A journal that notes which thread ran each group commit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.threads: list[int] = []
+
+    def _write(self, parts, size):
+        self.threads.append(threading.get_ident())
+        super()._write(parts, size)
+
+
+async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thread(tmp_path):
+    loop_thread = threading.get_ident()
+    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j.open()
+    await j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 10))
+    await j.append(encode_record(RecordType.ADD, 1, 1, b"x" * 5000))
+    j._sync_seconds = 1.0  # the disk has been slow: even a small group must not stall the loop
+    await j.append(encode_record(RecordType.ADD, 1, 2, b"x" * 10))
+    await j.close()
+    assert [t == loop_thread for t in j.threads] == [True, False, False]
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == [0, 1, 2]
 
 
 async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
