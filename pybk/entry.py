@@ -4,7 +4,9 @@ An entry body, on the wire and on disk:
 
     ledger_id u64 | entry_id u64 | lac i64 | length u64 | digest | payload
 
-`length` is the payload's length. The digest covers the 32-byte header and the payload:
+`length` is the ledger's length in bytes up to and including this entry's payload (BookKeeper's
+running length), so recovery learns a crashed writer's ledger length from its last entry. The
+payload is what follows the digest. The digest covers the 32-byte header and the payload:
 CRC32C (4 bytes) or HMAC-SHA256 keyed by the ledger password (32 bytes). Bookies read only
 the header (to learn the writer's LAC); readers verify the digest, and a mismatch marks
 a corrupt replica.
@@ -67,9 +69,11 @@ def _digest(digest_type: DigestType, password: bytes, header: bytes, payload: by
 
 
 def encode(ledger_id: int, entry_id: int, lac: int, payload: bytes,
-           digest_type: DigestType = DigestType.CRC32C, password: bytes = b"") -> bytes:
-    """Build an entry body; the writer's current LAC rides along for recovery and readers."""
-    header = HEADER.pack(ledger_id, entry_id, lac, len(payload))
+           digest_type: DigestType = DigestType.CRC32C, password: bytes = b"", length: int | None = None) -> bytes:
+    """Build an entry body; the writer's current LAC rides along for recovery and readers.
+    `length` is the ledger's length through this entry (default: the payload's size, right for
+    entry 0 and for callers that do not track it)."""
+    header = HEADER.pack(ledger_id, entry_id, lac, len(payload) if length is None else length)
     return b"".join((header, _digest(digest_type, password, header, payload), payload))
 
 
@@ -85,19 +89,19 @@ def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: b
            verify_digest: bool = True) -> tuple[Header, bytes]:
     """Verify an entry body and return (header, payload).
 
-    Raises DigestMismatch when the digest, the length, or the expected ledger/entry id
-    does not match: the replica that served it is corrupt.
+    Raises DigestMismatch when the digest or the expected ledger/entry id does not match, or the
+    running length is smaller than the payload: the replica that served it is corrupt.
 
-    verify_digest=False checks the structure only (length, ledger/entry id), not the digest:
+    verify_digest=False checks the structure only (sizes, ledger/entry id), not the digest:
     for a copier that lacks the password of a MAC ledger (autorecovery using the master key
     stored in metadata). It moves bodies verbatim, so readers still verify the MAC later.
     """
     h = parse_header(body)
     crc = digest_type is DigestType.CRC32C
     payload_start = HEADER_SIZE + (4 if crc else 32)
-    if len(body) != payload_start + h.length:
-        raise DigestMismatch(f"entry {h.ledger_id}:{h.entry_id}: body is {len(body)} bytes, "
-                             f"header says {payload_start + h.length}")
+    if len(body) < payload_start or h.length < len(body) - payload_start:
+        raise DigestMismatch(f"entry {h.ledger_id}:{h.entry_id}: body is {len(body)} bytes, but the header "
+                             f"and digest take {payload_start} and the ledger length says {h.length}")
     if ledger_id is not None and h.ledger_id != ledger_id or entry_id is not None and h.entry_id != entry_id:
         raise DigestMismatch(f"asked for entry {ledger_id}:{entry_id}, got {h.ledger_id}:{h.entry_id}")
     payload = body[payload_start:]

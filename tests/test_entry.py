@@ -33,10 +33,18 @@ def test_master_key_is_not_the_stored_password_hash():
     assert b"pw" not in entry.master_key(b"pw")
 
 
-def test_structural_check_without_the_password_still_catches_wrong_ids_and_lengths():
-    body = entry.encode(1, 5, 4, b"payload", DigestType.MAC, b"secret")
+def test_structural_check_without_the_password_still_catches_wrong_ids_and_sizes():
+    body = entry.encode(1, 5, 4, b"payload", DigestType.MAC, b"secret", length=100)
     header, payload = entry.decode(body, DigestType.MAC, ledger_id=1, entry_id=5, verify_digest=False)
-    assert (header.entry_id, payload) == (5, b"payload")
-    for bad, kwargs in ((body, dict(entry_id=6)), (body, dict(ledger_id=2)), (body[:-1], {}), (body + b"x", {})):
+    assert (header.entry_id, header.length, payload) == (5, 100, b"payload")
+    first = entry.encode(1, 0, -1, b"payload", DigestType.MAC, b"secret")
+    too_short = body[:entry.HEADER_SIZE + 31]
+    for bad, kwargs in ((body, dict(entry_id=6)), (body, dict(ledger_id=2)), (too_short, {}), (first + b"x", {})):
         with pytest.raises(entry.DigestMismatch):
             entry.decode(bad, DigestType.MAC, verify_digest=False, **kwargs)
+
+
+def test_header_carries_the_running_ledger_length():
+    body = entry.encode(9, 3, 2, b"abc", length=1003)
+    assert entry.parse_header(body) == entry.Header(9, 3, 2, 1003)
+    assert entry.parse_header(entry.encode(9, 0, -1, b"abc")).length == 3  # default: the payload alone

@@ -72,7 +72,8 @@ class LedgerHandle:
             self._ws = [write_set(e, qw, i) for i in range(e)]
             self._pending: list[_Pending] = []
             self._head = 0                         # index of the first live item in _pending
-            self._length = 0
+            self._length = 0                       # bytes of the acked entries
+            self._sent_length = 0                  # bytes of every entry added: each header's running length
             self._ensemble = list(md.fragments[-1].bookies)
             self._clients: list = [None] * e
             self._failed: set[int] = set()         # ensemble indices being replaced
@@ -148,7 +149,8 @@ class LedgerHandle:
         lac = t.lac
         md = self._md
         lid = md.ledger_id
-        body = encode(lid, eid, lac, data, md.digest_type, self.password)
+        self._sent_length += len(data)
+        body = encode(lid, eid, lac, data, md.digest_type, self.password, self._sent_length)
         self._lac_told = lac
         self._pending.append(_Pending(eid, body, len(data), fut, time.monotonic()))
         failed, clients, ensemble, mk, done = self._failed, self._clients, self._ensemble, self.master_key, self._on_add_done

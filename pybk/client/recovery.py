@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pybk.entry import DigestMismatch, DigestType, decode
+from pybk.entry import DigestMismatch, DigestType, decode, parse_header
 from pybk.entry import master_key as make_master_key
 from pybk.meta.errors import VersionConflictError
 from pybk.meta.ledgers import LedgerState
@@ -130,6 +130,20 @@ async def _recovery_read(bk, md, password: bytes | None,
     return RecoveryDecision.FAILED, None, "; ".join(notes)
 
 
+async def _length_through(bk, md, password: bytes | None, last: int, last_body: bytes | None) -> int | None:
+    """The ledger's length through entry `last`: the running length in its header (read it if
+    recovery did not); None if no replica answered (the stored length is then kept)."""
+    if last < 0:
+        return 0
+    if last_body is None:
+        decision, last_body, note = await _recovery_read(bk, md, password, last)
+        if decision is not RecoveryDecision.EXISTS:
+            log.warning("recovery of ledger %d: could not read entry %d for the ledger length (%s)",
+                        md.ledger_id, last, note)
+            return None
+    return parse_header(last_body).length
+
+
 async def _rewrite(bk, md, mk: bytes, entry_id: int, body: bytes) -> None:
     """Recovery-add the entry to its whole write quorum; at least Qa must store it."""
     ensemble = md.ensemble_for(entry_id)
@@ -171,6 +185,7 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
     last_fragment_first = md.fragments[-1].first_entry_id
     entry = max(lac, last_fragment_first - 1) + 1  # entries before the last fragment were all acked
     log.info("recovering ledger %d: fenced, LAC %d, reading forward from %d", lid, lac, entry)
+    last_body = None
     while True:
         decision, body, note = await _recovery_read(bk, md, password, entry)
         if decision is RecoveryDecision.MISSING:
@@ -179,9 +194,11 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
             raise LedgerRecoveryError(f"recovery of ledger {lid}: cannot tell whether entry {entry} exists "
                                       f"(too few replicas answered: {note})")
         await _rewrite(bk, md, mk, entry, body)
+        last_body = body
         entry += 1
     last = entry - 1
-    log.info("recovered ledger %d: last entry %d", lid, last)
+    length = await _length_through(bk, md, password, last, last_body)
+    log.info("recovered ledger %d: last entry %d, length %s", lid, last, length)
 
     def to_closed(m):
         if m.state.name == "CLOSED":
@@ -189,7 +206,7 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
                 log.warning("ledger %d was closed by another recovery at %d (this one found %d)",
                             lid, m.last_entry_id, last)
             return None
-        # length stays as stored (0): entry headers carry no running length to recover it from
-        return m.replace(state=LedgerState.CLOSED, last_entry_id=last)
+        return m.replace(state=LedgerState.CLOSED, last_entry_id=last,
+                         length=m.length if length is None else length)
 
     return await _cas_loop(store, md, to_closed)

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from .errors import BadMetadataError, VersionConflictError
 from .etcd import Etcd, cmp_create, cmp_mod, op_get, op_put, prefix_end
 from .registry import check_bookie_id
-from .watch import DELETE, Watch
+from .watch import DELETE, watch_range
 
 REQUESTED = "requested"
 DRAINING = "draining"
@@ -110,7 +110,6 @@ class Decommissions:
 
     async def watch(self) -> AsyncIterator[tuple[str, Decommission | None]]:
         """(bookie id, record) on each change from now on; None when removed."""
-        async with Watch(self.etcd, self.dir, prefix_end(self.dir)) as watch:
-            async for ev in watch:
-                bid = ev.key[len(self.dir):].decode()
-                yield bid, (None if ev.type == DELETE else Decommission.from_bytes(ev.value, ev.revision))
+        async for ev in watch_range(self.etcd, self.dir, prefix_end(self.dir), initial=False):
+            bid = ev.key[len(self.dir):].decode()
+            yield bid, (None if ev.type == DELETE else Decommission.from_bytes(ev.value, ev.revision))

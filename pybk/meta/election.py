@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from aetcd import rpc
-
 from .etcd import prefix_end
 from .locks import Lock, Queue
-from .watch import Watch
+from .watch import watch_range
 
 AUDITOR = "auditor"
 
@@ -33,13 +31,10 @@ class Elections(Queue):
     async def observe(self, name: str = AUDITOR) -> AsyncIterator[str | None]:
         """The leader now, then again every time leadership may have changed (duplicates dropped)."""
         pfx = self._pfx(name)
-        resp = await self.etcd.range(pfx, prefix_end(pfx), limit=1, sort_target=rpc.RangeRequest.CREATE,
-                                     sort_order=rpc.RangeRequest.ASCEND)
-        current = resp.kvs[0].value.decode() if resp.kvs else None
+        current = await self.leader(name)
         yield current
-        async with Watch(self.etcd, pfx, prefix_end(pfx), start_revision=resp.header.revision + 1) as watch:
-            async for _ in watch:
-                now = await self.leader(name)
-                if now != current:
-                    current = now
-                    yield now
+        async for _ in watch_range(self.etcd, pfx, prefix_end(pfx), initial=False):
+            now = await self.leader(name)
+            if now != current:
+                current = now
+                yield now

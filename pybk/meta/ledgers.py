@@ -12,6 +12,7 @@ import base64
 import bisect
 import dataclasses
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -22,9 +23,11 @@ from pybk.entry import DigestType
 
 from . import metadata_pb2
 from .errors import (BadMetadataError, LedgerExistsError, MetadataError, NoSuchLedgerError,
-                     VersionConflictError)
+                     VersionConflictError, WatchCompactedError)
 from .etcd import Etcd, cmp_create, cmp_mod, op_delete, op_get, op_put
 from .watch import DELETE, Watch
+
+log = logging.getLogger(__name__)
 
 MAX_LEDGER_ID = (1 << 63) - 1
 FORMAT_VERSION = 1
@@ -412,10 +415,25 @@ class LedgerWatch:
         return self
 
     async def __anext__(self) -> LedgerMetadata | None:
-        ev = await self._watch.__anext__()
+        try:
+            ev = await self._watch.__anext__()
+        except WatchCompactedError:
+            return await self._reread()
         if ev.type == DELETE:
             return None
         return LedgerMetadata.from_bytes(ev.value, ev.revision, self.ledger_id)
+
+    async def _reread(self) -> LedgerMetadata | None:
+        """The watch lost its history to compaction: the metadata as it is now, then watch on."""
+        old = self._watch
+        await old.close()
+        resp = await old.etcd.range(old.key, b"")
+        log.info("watch on ledger %d lost its history to compaction; re-read at revision %d",
+                 self.ledger_id, resp.header.revision)
+        self._watch = Watch(old.etcd, old.key, start_revision=resp.header.revision + 1)
+        if not resp.kvs:
+            return None
+        return LedgerMetadata.from_bytes(resp.kvs[0].value, resp.kvs[0].mod_revision, self.ledger_id)
 
     async def __aenter__(self) -> "LedgerWatch":
         return self

@@ -12,7 +12,7 @@ import logging
 
 from aetcd import rpc
 
-from .errors import LockLostError, MetadataError
+from .errors import LockLostError, MetadataError, WatchCompactedError
 from .etcd import Etcd, cmp_create, cmp_lease, op_delete, op_put, prefix_end
 from .session import Session
 from .watch import DELETE, Watch
@@ -157,6 +157,8 @@ class Queue:
         return lock
 
     async def _wait_deleted(self, key: bytes, from_revision: int, lease: int) -> None:
+        """Return once key is deleted, or once the watch lost its history to compaction (the
+        caller then looks again at who is ahead)."""
         async with Watch(self.etcd, key, start_revision=from_revision) as watch:
             lost = asyncio.ensure_future(self.session.lost.wait())
             try:
@@ -166,7 +168,10 @@ class Queue:
                     if lost in done:
                         nxt.cancel()
                         raise LockLostError("session lease lost while waiting")
-                    if nxt.result().type == DELETE:
+                    try:
+                        if nxt.result().type == DELETE:
+                            return
+                    except WatchCompactedError:
                         return
             finally:
                 lost.cancel()

@@ -11,7 +11,7 @@ from typing import AsyncIterator, Iterable
 from .errors import BadMetadataError, VersionConflictError
 from .etcd import Etcd, cmp_create, cmp_mod, op_delete, op_get, op_put
 from .ledgers import ledger_key_suffix
-from .watch import DELETE, Watch
+from .watch import DELETE, watch_range
 
 
 @dataclass
@@ -112,16 +112,8 @@ class UnderReplication:
     async def watch(self, initial: bool = True) -> AsyncIterator[tuple[int, Marker | None]]:
         """(ledger id, marker) on every change, marker None when unmarked; with initial, the
         existing markers first (read at one revision, then changes after it)."""
-        resp = await self.etcd.range(self.dir + b"0", self.dir + b":")
-        if initial:
-            for kv in resp.kvs:
-                ledger_id = self._id(kv.key)
-                if ledger_id is not None:
-                    yield ledger_id, Marker.from_bytes(ledger_id, kv.value, kv.mod_revision)
-        async with Watch(self.etcd, self.dir + b"0", self.dir + b":",
-                         start_revision=resp.header.revision + 1) as watch:
-            async for ev in watch:
-                ledger_id = self._id(ev.key)
-                if ledger_id is None:
-                    continue
-                yield ledger_id, (None if ev.type == DELETE else Marker.from_bytes(ledger_id, ev.value, ev.revision))
+        async for ev in watch_range(self.etcd, self.dir + b"0", self.dir + b":", initial):
+            ledger_id = self._id(ev.key)
+            if ledger_id is None:
+                continue
+            yield ledger_id, (None if ev.type == DELETE else Marker.from_bytes(ledger_id, ev.value, ev.revision))

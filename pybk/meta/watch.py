@@ -10,6 +10,7 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 import grpc
 from aetcd import rpc
@@ -122,3 +123,38 @@ class Watch:
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
         return self._buffer.popleft()
+
+
+async def watch_range(etcd: Etcd, key: bytes, range_end: bytes, initial: bool = True
+                      ) -> AsyncIterator[WatchEvent]:
+    """The keys in [key, range_end) as PUT events (with initial), then every change after that read.
+
+    Unlike a bare Watch this never fails on compaction: when etcd no longer has the history a
+    resumed watch needs (it was disconnected across a compaction), it reads the range again and
+    yields only the difference from what it had delivered (PUT for new or changed keys, DELETE
+    for vanished ones, stamped with that read's revision), then watches on from there."""
+    known: dict[bytes, bytes] = {}
+    first = True
+    while True:
+        resp = await etcd.range(key, range_end)
+        now = {kv.key: kv for kv in resp.kvs}
+        rev = resp.header.revision
+        if not first or initial:
+            for k in sorted(set(known) - set(now)):
+                yield WatchEvent(DELETE, k, b"", rev, 0, 0)
+            for k, kv in sorted(now.items()):
+                if known.get(k) != kv.value:
+                    yield WatchEvent(PUT, k, kv.value, kv.mod_revision, kv.create_revision, kv.lease)
+        known = {k: kv.value for k, kv in now.items()}
+        first = False
+        async with Watch(etcd, key, range_end, start_revision=rev + 1) as watch:
+            try:
+                async for ev in watch:
+                    if ev.type == DELETE:
+                        known.pop(ev.key, None)
+                    else:
+                        known[ev.key] = ev.value
+                    yield ev
+            except WatchCompactedError as exc:
+                log.info("watch on %s lost its history to compaction at revision %d; re-reading",
+                         key.decode(errors="replace"), exc.compact_revision)

@@ -162,6 +162,8 @@ async def test_writer_killed_mid_stream_recovery_closes_with_every_acked_entry(c
         last = rh.metadata.last_entry_id
         assert rh2.metadata.last_entry_id == last >= max(acked)
         assert await read_all(rh) == await read_all(rh2) == expected(lid, last)
+        # the length comes from the running length in the last entry's header
+        assert rh.metadata.length == rh2.metadata.length == sum(len(p) for _, p in expected(lid, last))
 
 
 async def test_tailing_reader_wakes_on_long_poll_as_writer_adds(cluster_factory):
