@@ -480,7 +480,13 @@ async def _delete_quietly(bk: Any, ledger_ids: Sequence[int]) -> list[int]:
 
 
 async def job_ledgers(uri: str, job_id: str) -> dict[int, int]:
-    """{partition: ledger_id} of every ledger a write job with this id created."""
+    """{partition: ledger_id} of the ledgers a write job with this id created (after its commit
+    or abort, one per partition that wrote anything)."""
+    return {partition: lid for lid, partition in sorted((await _tagged(uri, job_id)).items())}
+
+
+async def _tagged(uri: str, job_id: str) -> dict[int, int]:
+    """{ledger_id: partition} of every ledger tagged with the job id, from every task attempt."""
     bk = await _connect(uri)  # its own client: also called from callers' event loops
     try:
         out: dict[int, int] = {}
@@ -493,8 +499,8 @@ async def job_ledgers(uri: str, job_id: str) -> dict[int, int]:
                 raise
             custom = getattr(md, "custom", None) or {}
             if custom.get(JOB_KEY) == job_id.encode():
-                out[int(custom.get(PARTITION_KEY, b"-1"))] = lid
-        return dict(sorted(out.items()))
+                out[lid] = int(custom.get(PARTITION_KEY, b"-1"))
+        return out
     finally:
         await bk.close()
 
@@ -502,14 +508,25 @@ async def job_ledgers(uri: str, job_id: str) -> dict[int, int]:
 async def _abort(opts: WriteOptions, ledger_ids: Sequence[int]) -> list[int]:
     """Delete what a failed job wrote: the ledgers reported, then any others tagged with its id
     (a task killed before it could report or clean up)."""
-    leftovers = await job_ledgers(opts.metadata_uri, opts.job_id)
+    leftovers = await _tagged(opts.metadata_uri, opts.job_id)
     bk = await _client(opts.metadata_uri)
-    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers.values())))
+    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)))
+
+
+async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> list[int]:
+    """After a commit: delete the job's ledgers that are not in it, written by task attempts
+    that were killed or lost to a retry (Spark keeps only one attempt's output per partition)."""
+    strays = set(await _tagged(opts.metadata_uri, opts.job_id)) - set(committed)
+    if not strays:
+        return []
+    bk = await _client(opts.metadata_uri)
+    return await _delete_quietly(bk, sorted(strays))
 
 
 class LedgerWriter(DataSourceArrowWriter):
     """Each partition's payloads go into one new ledger, tagged with the job id; commit logs the
-    ledgers, abort deletes them."""
+    ledgers and deletes any other ledger tagged with the job (from attempts that did not commit),
+    abort deletes them all."""
 
     def __init__(self, opts: WriteOptions, column: str):
         self.opts = opts
@@ -523,6 +540,10 @@ class LedgerWriter(DataSourceArrowWriter):
         ledgers = {m.partition: m.ledger_id for m in messages if m is not None and m.ledger_id is not None}
         log.warning("pybk write job %s committed %d ledger(s): %s", self.opts.job_id, len(ledgers),
                     ", ".join(str(lid) for _, lid in sorted(ledgers.items())))
+        dropped = _run(_drop_uncommitted(self.opts, list(ledgers.values())))
+        if dropped:
+            log.warning("pybk write job %s: deleted ledger(s) of task attempts that did not commit: %s",
+                        self.opts.job_id, ", ".join(map(str, dropped)))
 
     def abort(self, messages: list[LedgerWritten | None]) -> None:
         ids = [m.ledger_id for m in messages if m is not None and m.ledger_id is not None]

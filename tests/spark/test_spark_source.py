@@ -241,6 +241,23 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
                                 .option("metadataServiceUri", uri).save())
 
 
+async def test_commit_deletes_ledgers_of_task_attempts_that_did_not_commit(spark, cluster):
+    from pybk.spark.options import PARTITION_KEY
+    from pybk.spark.source import job_ledgers
+    uri, bk, _ = cluster
+    # what a task attempt killed mid-write leaves behind: an OPEN ledger tagged with the job
+    stray = await write_ledger(bk, 5, close=False, **{JOB_KEY: b"job-retried", PARTITION_KEY: b"1"})
+    data = [payload(0, i) for i in range(60)]
+    df = spark.createDataFrame([(p,) for p in data], "payload binary").repartition(2)
+    await in_thread(spark, lambda: df.write.format("pybk").mode("append").option("metadataServiceUri", uri)
+                    .option("password", PW.decode()).option("jobId", "job-retried").save())
+    written = await job_ledgers(uri, "job-retried")
+    assert sorted(written) == [0, 1] and stray.ledger_id not in written.values()
+    assert sorted([lid async for lid in bk.list_ledgers()]) == sorted(written.values())
+    back = source(spark, uri, ",".join(map(str, written.values())))
+    assert sorted(bytes(r.payload) for r in await in_thread(spark, back.collect)) == sorted(data)
+
+
 async def test_corrupted_replica_does_not_corrupt_results(spark, cluster):
     from pybk.bookie.client import BookieClient
     from pybk.entry import DigestMismatch, decode, master_key, parse_header
