@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from pybk.proto import pb, rpc
 
@@ -226,10 +227,73 @@ def _why(status: int, ledger: int) -> str:
             pb.FENCED: f"ledger {ledger} is fenced"}.get(status, pb.Status.Name(status))
 
 
+class Undecodable:
+    """What a request that is not a valid protobuf of its type deserializes to: the handler then
+    answers INVALID_ARGUMENT, instead of gRPC's UNKNOWN (unary) or a silent end (Add stream)."""
+
+    def __init__(self, method: str, reason: str):
+        self.message = f"undecodable {method} request: {reason}"
+
+
+def _lenient(method: str, message_type):
+    def deserialize(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(method, str(exc))
+    return deserialize
+
+
+def _checked(name: str, behavior, client_streaming: bool, server_streaming: bool):
+    """Wrap one servicer method so that an Undecodable request ends the call with INVALID_ARGUMENT.
+    On the Add stream the good batches before it are still answered."""
+    if client_streaming:
+        async def add(request_iterator, context):
+            bad: list[Undecodable] = []
+
+            async def decoded():
+                async for request in request_iterator:
+                    if isinstance(request, Undecodable):
+                        bad.append(request)
+                        return
+                    yield request
+            await behavior(decoded(), context)
+            if bad:
+                log.warning("%s from %s: %s", name, context.peer(), bad[0].message)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0].message)
+        return add
+    if server_streaming:
+        async def stream(request, context):
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            async for response in behavior(request, context):
+                yield response
+        return stream
+    async def unary(request, context):
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await behavior(request, context)
+    return unary
+
+
+def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
+    """The `pybk.Bookie` methods of bookie.proto bound to the service, with lenient decoding."""
+    handlers = {}
+    for m in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
+        request_type, response_type = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        make = {(True, True): grpc.stream_stream_rpc_method_handler,
+                (False, True): grpc.unary_stream_rpc_method_handler,
+                (False, False): grpc.unary_unary_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
+        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming, m.server_streaming),
+                                request_deserializer=_lenient(m.name, request_type),
+                                response_serializer=response_type.SerializeToString)
+    return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
+
+
 def make_server(service: BookieService, address: str) -> grpc.aio.Server:
     """A grpc.aio server with the service bound to address (host:port)."""
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    rpc.add_BookieServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((_method_handlers(service),))
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen for gRPC on {address}")
     return server

@@ -13,6 +13,7 @@ from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.bookie.journal import journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
+from pybk.proto import pb
 
 KEY = entry.master_key(b"secret")
 TTL = 2  # registration lease, so a restart after kill -9 re-registers quickly
@@ -186,23 +187,30 @@ async def test_wrong_key_unauthorized_and_bad_requests_keep_server_up(bookies):
             async for _ in c.read_range(41, 5, 2):
                 pass
         assert err.value.code is Status.BAD_REQUEST
-        # undecodable bytes straight onto the wire
+        # undecodable bytes straight onto the wire: INVALID_ARGUMENT, saying so
         async with grpc.aio.insecure_channel(bk.address) as ch:
             raw = ch.unary_stream("/pybk.Bookie/Read", request_serializer=None, response_deserializer=None)
-            with pytest.raises(grpc.aio.AioRpcError):
+            with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
                 async for _ in raw(b"\xff\xff\xff\xff\x0f"):
                     pass
+            assert rpc_err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "undecodable Read request" in rpc_err.value.details()
             raw_add = ch.stream_stream("/pybk.Bookie/Add", request_serializer=None, response_deserializer=None)
             call = raw_add()
+            good_batch = pb.AddBatch(entries=[pb.AddEntry(request_id=7, ledger_id=41, entry_id=2, master_key=KEY,
+                                                          body=body(41, 2, 1))])
+            await call.write(good_batch.SerializeToString())
             await call.write(b"\x0a\xff\xff")
-            try:
-                answers = [r async for r in call]
-            except grpc.aio.AioRpcError:
-                answers = []
-            assert answers == []  # nothing stored, no crash
+            answers = []
+            with pytest.raises(grpc.aio.AioRpcError) as rpc_err:
+                async for r in call:
+                    answers.append(pb.AddResults.FromString(r))
+            assert rpc_err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "undecodable Add request" in rpc_err.value.details()
+            assert [(r.request_id, r.status) for a in answers for r in a.results] == [(7, pb.OK)]
         assert bk.alive()
-        await read_all(c, {(41, 0): body(41, 0), (41, 1): body(41, 1, 0)})
-        await c.add(41, 2, body(41, 2, 1), master_key=KEY)
+        await read_all(c, {(41, 0): body(41, 0), (41, 1): body(41, 1, 0), (41, 2): body(41, 2, 1)})
+        await c.add(41, 3, body(41, 3, 2), master_key=KEY)
 
 
 async def test_read_only_past_high_water_mark_and_writable_below_low(bookies, metadata_uri):
