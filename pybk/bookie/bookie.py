@@ -21,7 +21,7 @@ import google_crc32c
 from pybk.entry import HEADER, HEADER_SIZE
 from pybk.proto import pb
 
-from .entrylog import EntryLog
+from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
 from .index import Index
 from .journal import (_CRC_PART as _PART, RECORD as _REC, Journal, Mark, RecordType, encode_record, read_mark,
                       replay, write_mark)
@@ -517,9 +517,12 @@ class Bookie:
                 try:
                     items = [(ledger, entry, el.read_at(fd, log_id, off, ledger, entry))
                              for ledger, entry, off in entries]
+                except EntryLogCorruptError as exc:
+                    log.error("compaction leaves %s alone: %s", el.path(log_id), exc)
+                    continue
                 finally:
                     os.close(fd)
-                live_bytes = sum(len(b) + 20 for _, _, b in items)
+                live_bytes = sum(len(b) + LOG_HEADER for _, _, b in items)
                 if size == 0 or live_bytes / size >= threshold:
                     continue
                 if items:

@@ -1,7 +1,10 @@
-"""Entry log files: where checkpointed entries live, `length u32 | ledger u64 | entry i64 | body` each.
+"""Entry log files: where checkpointed entries live, `length u32 | crc32c u32 | ledger u64 |
+entry i64 | body` each.
 
 A location is (log id, offset of the record). A checkpoint appends one sorted batch with one
-write and one fsync; reads use pread on a cached descriptor per file.
+write and one fsync; reads use pread on a cached descriptor per file. The CRC32C covers ledger,
+entry and body, so the bookie itself refuses a record that rotted on disk (readers also verify
+the entry's own digest, but a copier without a MAC ledger's password cannot).
 """
 from __future__ import annotations
 
@@ -9,15 +12,23 @@ import os
 import struct
 from pathlib import Path
 
+import google_crc32c
+
 from .index import KEY, LOCATION
-from .journal import _IOV_MAX, fsync_dir
+from .journal import _IOV_MAX, MAX_BODY, fsync_dir
 
-LOG_RECORD = struct.Struct(">IQq")
-LOG_HEADER = LOG_RECORD.size  # 20
+LOG_RECORD = struct.Struct(">IIQq")
+LOG_HEADER = LOG_RECORD.size  # 24
+_IDS = struct.Struct(">Qq")
 
 
-class EntryLogCorruptError(Exception):
-    """A location in the index points at a record that does not match."""
+def record_crc(ledger: int, entry: int, body: bytes) -> int:
+    """The CRC32C stored with a record: over its ledger and entry ids and its body."""
+    return google_crc32c.extend(google_crc32c.value(_IDS.pack(ledger, entry)), body)
+
+
+class EntryLogCorruptError(OSError):
+    """A location in the index points at a record that does not match, or the record rotted."""
 
 
 class EntryLog:
@@ -52,13 +63,14 @@ class EntryLog:
             fsync_dir(self.directory)
             self._offset = 0
         pack = LOG_RECORD.pack
+        crc = record_crc
         key_pack, loc_pack = KEY.pack, LOCATION.pack
         parts, locations = [], []
         append, locate = parts.append, locations.append
         offset, log_id = self._offset, self._current
         for ledger, entry, body in items:
             size = len(body)
-            append(pack(size, ledger, entry))
+            append(pack(size, crc(ledger, entry, body), ledger, entry))
             append(body)
             locate((key_pack(ledger, entry), loc_pack(dir_index, log_id, offset)))
             offset += LOG_HEADER + size
@@ -87,12 +99,17 @@ class EntryLog:
         head = os.pread(fd, LOG_HEADER, offset)
         if len(head) < LOG_HEADER:
             raise EntryLogCorruptError(f"{self.path(log_id)}: no record at offset {offset}")
-        length, l, e = LOG_RECORD.unpack(head)
+        length, crc, l, e = LOG_RECORD.unpack(head)
         if (l, e) != (ledger, entry):
             raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: holds {l}:{e}, index says {ledger}:{entry}")
+        if length > MAX_BODY:
+            raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: record length {length} is impossible")
         body = os.pread(fd, length, offset + LOG_HEADER)
         if len(body) != length:
             raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: record cut short")
+        if record_crc(ledger, entry, body) != crc:
+            raise EntryLogCorruptError(f"{self.path(log_id)} offset {offset}: entry {ledger}:{entry} fails its "
+                                       f"checksum (the file is corrupt there)")
         return body
 
     @property

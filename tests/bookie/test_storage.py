@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from pybk import entry
-from pybk.bookie.bookie import Bookie, StorageOptions
+from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
+from pybk.bookie.entrylog import LOG_HEADER
 from pybk.bookie.journal import (Journal, JournalCorruptError, Mark, RecordType, encode_record,
                                  journal_files, replay)
 from pybk.bookie.state import LedgerState, entry_ranges
@@ -130,6 +131,28 @@ async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path):
         assert b2.read_entry(1, 25) == adds(1, 25, 1, lac=-2)[0].body
     finally:
         await b2.close()
+
+
+async def test_a_rotted_entry_log_record_is_refused_and_the_others_still_read(tmp_path):
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        batch = adds(3, 0, 10, size=300)
+        await b.add_batch(batch)[1]
+        await b.checkpoint()
+        _, log_id, offset = b.index.location(3, 4)
+        with open(b.entrylogs[0].path(log_id), "r+b") as f:  # one bit flips in entry 4's body
+            f.seek(offset + LOG_HEADER + 100)
+            byte = f.read(1)
+            f.seek(offset + LOG_HEADER + 100)
+            f.write(bytes([byte[0] ^ 0x10]))
+        with pytest.raises(BookieStorageError, match="3:4 fails its checksum"):
+            b.read_entry(3, 4)
+        with pytest.raises(BookieStorageError, match="checksum"):
+            await b.read_chunk(3, 0, 9, 1 << 20, 100)
+        assert [b.read_entry(3, i) for i in range(10) if i != 4] == [e.body for e in batch if e.entry_id != 4]
+    finally:
+        await b.close()
 
 
 async def test_master_key_enforced_and_fence_durable(tmp_path):
