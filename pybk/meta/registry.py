@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from .errors import BadMetadataError, BookieIdInUseError, WatchCompactedError
-from .etcd import Etcd, cmp_create, cmp_lease, op_delete, op_get, op_put, prefix_end
+from .etcd import Etcd, cmp_create, cmp_lease, op_delete, op_put, prefix_end
 from .session import Session
 from .watch import DELETE, Watch
 
@@ -106,9 +106,9 @@ class Registry:
         keys = [self.key(mine, info.bookie_id), self.key(other, info.bookie_id)]
         while True:
             lease = await self.session.lease_id()
-            resp = await self.etcd.txn([], [op_get(keys[0]), op_get(keys[1])],
-                                       what=f"read registration of bookie {info.bookie_id}")
-            found = [r.response_range.kvs for r in resp.responses]
+            # Two plain reads, not a read-only txn (see Etcd.txn); the guarded write below
+            # catches any change between them.
+            found = [[kv] if (kv := await self.etcd.get(key)) else [] for key in keys]
             holders = {kv.lease for kvs in found for kv in kvs} - {lease}
             if holders:
                 return holders.pop()

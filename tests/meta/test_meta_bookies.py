@@ -3,7 +3,6 @@ import asyncio
 
 from pybk.bookie.client import BookieClient
 from pybk.entry import decode, encode, master_key
-from pybk.meta.etcd import op_get
 
 TTL = 2
 
@@ -65,9 +64,8 @@ async def test_bookie_serves_held_ledgers_while_etcd_is_down_and_reregisters_aft
         etcd.start()
         deadline = asyncio.get_running_loop().time() + 60
         while True:
-            resp = await store.etcd.txn([], [op_get(key)])
-            kvs = resp.responses[0].response_range.kvs
-            if kvs and kvs[0].lease != lease_before:
+            kv = await store.etcd.get(key)
+            if kv is not None and kv.lease != lease_before:
                 break
             assert asyncio.get_running_loop().time() < deadline, "bookie did not re-register"
             await asyncio.sleep(0.2)

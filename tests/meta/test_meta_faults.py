@@ -147,3 +147,13 @@ async def test_listing_100000_ledgers_is_paged_and_in_id_order(open_store):
         count += 1
     assert count == n
     assert [m.ledger_id async for m in store.ledgers.list_metadata(start=ids[500], end=ids[510])] == ids[500:510]
+
+
+async def test_read_only_transactions_are_refused_before_they_reach_etcd(store):
+    # etcd 3.5.1 panics when a client cancels a read-only txn in flight (etcd-io/etcd#14110)
+    from pybk.meta.etcd import op_get
+    with pytest.raises(ValueError, match="reads only"):
+        await store.etcd.txn([], [op_get(b"a"), op_get(b"b")], what="probe")
+    with pytest.raises(ValueError, match="reads only"):
+        await store.etcd.txn([], [], what="compares only")
+    assert (await store.etcd.status()).header.revision >= 1  # etcd is still there
