@@ -57,3 +57,30 @@ async def read_all(lh, first: int = 0, last: int | None = None) -> list[tuple[in
 
 def expected(ledger_id: int, last: int, size: int = 100) -> list[tuple[int, bytes]]:
     return [(i, payload(ledger_id, i, size)) for i in range(last + 1)]
+
+
+def flip_in_entry_logs(bookie, needle: bytes) -> int:
+    """Flip one byte inside `needle` in every entry log record of the bookie that holds it, and
+    re-seal the record's own CRC: as if the entry was corrupt before the bookie stored it (in a
+    writer's memory, say), so only the entry's digest can tell. (The journal is not touched: its
+    records are replayed only after the last checkpoint.)"""
+    from pybk.bookie.entrylog import LOG_HEADER, LOG_RECORD, record_crc
+    flipped = 0
+    for d in bookie.ledger_dirs:
+        for f in d.rglob("entrylog-*.log"):
+            data = bytearray(f.read_bytes())
+            pos, changed = 0, False
+            while pos + LOG_HEADER <= len(data):
+                length, _, ledger, entry = LOG_RECORD.unpack_from(data, pos)
+                start, end = pos + LOG_HEADER, pos + LOG_HEADER + length
+                at = data.find(needle, start, end)
+                if at >= 0:
+                    data[at + len(needle) - 1] ^= 0xFF
+                    LOG_RECORD.pack_into(data, pos, length, record_crc(ledger, entry, bytes(data[start:end])),
+                                         ledger, entry)
+                    flipped += 1
+                    changed = True
+                pos = end
+            if changed:
+                f.write_bytes(bytes(data))
+    return flipped

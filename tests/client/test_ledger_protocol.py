@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from client_helpers import ChildWriter, expected, payload, read_all
+from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, read_all
 
 from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
 from pybk.client.quorum import write_set
@@ -195,33 +195,6 @@ async def test_tailing_reader_wakes_on_long_poll_as_writer_adds(cluster_factory)
         assert rh.is_closed and await read_all(rh) == expected(lh.ledger_id, 20)
 
 
-def _flip_in_entry_logs(bookie, needle: bytes) -> int:
-    """Flip one byte inside `needle` in every entry log record of the bookie that holds it, and
-    re-seal the record's own CRC: as if the entry was corrupt before the bookie stored it (in a
-    writer's memory, say), so only the entry's digest can tell. (The journal is not touched: its
-    records are replayed only after the last checkpoint.)"""
-    from pybk.bookie.entrylog import LOG_HEADER, LOG_RECORD, record_crc
-    flipped = 0
-    for d in bookie.ledger_dirs:
-        for f in d.rglob("entrylog-*.log"):
-            data = bytearray(f.read_bytes())
-            pos, changed = 0, False
-            while pos + LOG_HEADER <= len(data):
-                length, _, ledger, entry = LOG_RECORD.unpack_from(data, pos)
-                start, end = pos + LOG_HEADER, pos + LOG_HEADER + length
-                at = data.find(needle, start, end)
-                if at >= 0:
-                    data[at + len(needle) - 1] ^= 0xFF
-                    LOG_RECORD.pack_into(data, pos, length, record_crc(ledger, entry, bytes(data[start:end])),
-                                         ledger, entry)
-                    flipped += 1
-                    changed = True
-                pos = end
-            if changed:
-                f.write_bytes(bytes(data))
-    return flipped
-
-
 async def test_corrupted_replica_is_detected_and_read_from_another(cluster_factory, caplog):
     cluster = cluster_factory(3)
     async with await BookKeeper.connect(cluster.uri) as bk:
@@ -231,7 +204,7 @@ async def test_corrupted_replica_is_detected_and_read_from_another(cluster_facto
         victim_id = lh.metadata.fragments[0].bookies[0]     # first replica of entries 0, 3, 6, ...
         victim = cluster.by_id(victim_id)
         victim.stop()                                        # a clean stop checkpoints to the entry log
-        assert _flip_in_entry_logs(victim, payload(lh.ledger_id, 3)) == 1
+        assert flip_in_entry_logs(victim, payload(lh.ledger_id, 3)) == 1
         victim.start()
         c = await bk.client(victim_id)
         from pybk.entry import DigestMismatch, decode

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from client_helpers import expected, payload, read_all
+from client_helpers import expected, flip_in_entry_logs, payload, read_all
 
 from pybk.client import BookKeeper
 
@@ -68,3 +68,18 @@ async def test_striped_reads_follow_each_fragments_ensemble(cluster_factory):
         rh = await bk.open_ledger(lid, password=b"pw")
         assert await read_all(rh) == expected(lid, 1999)
         assert await read_all(rh, 990, 1010) == expected(lid, 1010)[990:]
+
+
+async def test_striped_read_takes_an_entry_from_the_other_replica_when_one_copy_is_corrupt(cluster_factory):
+    cluster = cluster_factory(3)
+    lid = await write_striped(cluster.uri)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        md = await bk.ledger_metadata(lid)
+    victim = cluster.by_id(md.fragments[0].bookies[1000 % 3])   # first replica of entry 1000
+    victim.stop()                                               # a clean stop checkpoints to the entry log
+    assert flip_in_entry_logs(victim, payload(lid, 1000)) == 1
+    victim.start()
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        rh = await bk.open_ledger(lid, password=b"pw")
+        assert await read_all(rh) == expected(lid, ENTRIES - 1)
+        assert bk.digest_mismatches >= 1
