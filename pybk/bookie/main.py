@@ -153,30 +153,35 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        for d in [self.journal_dir, *self.ledger_dirs]:
-            d.mkdir(parents=True, exist_ok=True)
-        if self.cfg["metadata_uri"]:
-            from .registration import Registration
-            self.registration = Registration(self)
-            await self.registration.connect()
-            try:
-                await self.registration.verify_cookie()
-            except BaseException:
-                await self.registration.close()
-                raise
-        else:
-            expected = Cookie.for_dirs("", self.bookie_id, self.journal_dir, self.ledger_dirs)
-            if check_cookies(expected, [self.journal_dir, *self.ledger_dirs]):
-                for d in [self.journal_dir, *self.ledger_dirs]:
-                    write_local(d, expected)
-        try:
-            await self.storage.start()
-        except BaseException:
-            if self.registration:
-                await self.registration.close()
-            raise
+        # Bind first: a taken port fails the start before any cookie, journal or registration is touched.
         service = BookieService(self.storage, self.bookie_id, self.cfg["zone"])
         grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
+        try:
+            for d in [self.journal_dir, *self.ledger_dirs]:
+                d.mkdir(parents=True, exist_ok=True)
+            if self.cfg["metadata_uri"]:
+                from .registration import Registration
+                self.registration = Registration(self)
+                await self.registration.connect()
+                try:
+                    await self.registration.verify_cookie()
+                except BaseException:
+                    await self.registration.close()
+                    raise
+            else:
+                expected = Cookie.for_dirs("", self.bookie_id, self.journal_dir, self.ledger_dirs)
+                if check_cookies(expected, [self.journal_dir, *self.ledger_dirs]):
+                    for d in [self.journal_dir, *self.ledger_dirs]:
+                        write_local(d, expected)
+            try:
+                await self.storage.start()
+            except BaseException:
+                if self.registration:
+                    await self.registration.close()
+                raise
+        except BaseException:
+            await grpc_server.stop(None)
+            raise
         await grpc_server.start()
         app = _app(self)
         embedded = None

@@ -27,7 +27,10 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.max_send_message_length", 256 * 1024 * 1024),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                # gRPC sets SO_REUSEPORT by default: a second bookie configured with the same port
+                # would then start fine and silently get part of the first one's connections.
+                ("grpc.so_reuseport", 0)]
 
 
 class BookieService(rpc.BookieServicer):
@@ -294,6 +297,11 @@ def make_server(service: BookieService, address: str) -> grpc.aio.Server:
     """A grpc.aio server with the service bound to address (host:port)."""
     server = grpc.aio.server(options=GRPC_OPTIONS)
     server.add_generic_rpc_handlers((_method_handlers(service),))
-    if server.add_insecure_port(address) == 0:
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc raises "Failed to bind to address" when the port is taken
+        raise OSError(f"cannot listen for gRPC on {address}: the port is in use or the address is not "
+                      f"this host's ({exc})") from None
+    if bound == 0:
         raise OSError(f"cannot listen for gRPC on {address}")
     return server
