@@ -10,9 +10,11 @@ completes all of those appends at once. A small group (a lone add, the window-1 
 and synced right on the event loop while the disk syncs fast (under INLINE_MAX_SYNC_SECONDS on
 average): the hop to a worker thread and back costs more CPU and latency than the fdatasync
 itself. A big group, or any group on a slow disk, goes to a worker thread, so the loop keeps
-serving reads and taking the next batches in while the disk syncs. Files are named `journal-<seq>.log` and rotate by size.
-The journal mark (file seq, offset) says where replay starts; files before it are deleted once a
-checkpoint made their content durable elsewhere.
+serving reads and taking the next batches in while the disk syncs.
+
+Files are named `journal-<seq>.log` and rotate by size. The journal mark (file seq, offset) says
+where replay starts; files before it are deleted once a checkpoint made their content durable
+elsewhere.
 """
 from __future__ import annotations
 
