@@ -44,7 +44,7 @@ def bookies(request, tmp_path):
             started.append(p)
             p.start(wait=False)
         for p in procs:
-            p.wait_ready(p.is_ready, 60)
+            p.wait_started(60)
         return procs
 
     try:

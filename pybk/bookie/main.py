@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,9 +154,15 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        # Bind first: a taken port fails the start before any cookie, journal or registration is touched.
+        # Bind both ports first: a taken port fails the start before any cookie, journal or
+        # registration is touched.
         service = BookieService(self.storage, self.bookie_id, self.cfg["zone"])
         grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
+        try:
+            http_sock = _listen(self.cfg["host"], self.cfg["http_port"])
+        except OSError:
+            await grpc_server.stop(None)
+            raise
         try:
             for d in [self.journal_dir, *self.ledger_dirs]:
                 d.mkdir(parents=True, exist_ok=True)
@@ -181,6 +188,7 @@ class BookieServer:
                 raise
         except BaseException:
             await grpc_server.stop(None)
+            http_sock.close()
             raise
         await grpc_server.start()
         app = _app(self)
@@ -191,7 +199,7 @@ class BookieServer:
                              self.http_endpoint, run=self.cfg["autorecovery"])
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.cfg["host"], self.cfg["http_port"])
+        site = web.SockSite(runner, http_sock)
         await site.start()
         self.serving = True
         if self.registration:
@@ -214,6 +222,17 @@ class BookieServer:
         await runner.cleanup()
         await self.storage.close()
         return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket for the admin HTTP server (bound now, served later)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.create_server(address, family=family, backlog=128)
+    except OSError as exc:
+        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
 
 
 def _app(server: BookieServer):

@@ -21,6 +21,7 @@ class BookieProcess(ChildProcess):
                  journal_dir: Path | None = None, ledger_dirs: list[Path] | None = None, **options):
         self.base_dir = Path(base_dir)
         self.host = host
+        self._chosen_ports = not port and not http_port and not bookie_id  # ours to change on a retry
         self.port = port or free_port(host)
         self.http_port = http_port or free_port(host)
         self.bookie_id = bookie_id or f"{host}:{self.port}"
@@ -76,6 +77,23 @@ class BookieProcess(ChildProcess):
         if wait:
             self.wait_ready(self.is_ready, timeout)
         return self
+
+    def wait_started(self, timeout: float = 60.0, attempts: int = 3) -> None:
+        """Wait until ready after start(wait=False). A first start whose free ports another process
+        took meanwhile exits saying so, before touching its dirs; it is retried on new free ports
+        (only when we chose the ports and the id derived from them)."""
+        for attempt in range(attempts):
+            try:
+                self.wait_ready(self.is_ready, timeout)
+                return
+            except RuntimeError:
+                if (attempt + 1 == attempts or self.alive() or not self._chosen_ports
+                        or "cannot listen for" not in self.log_tail(5)):
+                    raise
+            self.port, self.http_port = free_port(self.host), free_port(self.host)
+            self.bookie_id = f"{self.host}:{self.port}"
+            self.name = f"bookie {self.bookie_id}"
+            self.start(wait=False)
 
     def restart(self, timeout: float = 60.0) -> "BookieProcess":
         """Stop (SIGTERM) and start again on the same dirs and ports."""
