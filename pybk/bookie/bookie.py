@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import google_crc32c
-
 from pybk.entry import HEADER, HEADER_SIZE
 from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
 from .index import Index
-from .journal import (_CRC_PART as _PART, RECORD as _REC, Journal, Mark, RecordType, encode_record, read_mark,
+from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, read_mark,
                       replay, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key, entry_ranges
@@ -193,19 +191,16 @@ class Bookie:
         append = records.append
         ledgers = self.ledgers
         cache = self.cache
-        cache_ledgers = cache.ledgers
         unpack = HEADER.unpack_from
-        part_pack = _PART.pack
-        rec_pack = _REC.pack
-        crc_value = google_crc32c.value
-        crc_extend = google_crc32c.extend
         max_size = self.opts.max_entry_size
         changed: set[int] | None = None
         nbytes = 0
         count = 0
         jbytes = 0  # journal bytes beyond the ADD records
         last_ledger = -1
-        st = entries_of = None
+        st = None
+        accepted: dict[int, dict[int, bytes]] = {}  # ledger -> entry id -> body
+        run: dict[int, bytes] = {}  # accepted[last_ledger]
         cur_key = b""
         cur_fenced = False
         cur_lac = -1
@@ -237,7 +232,7 @@ class Bookie:
                         continue
                     st = ledgers[ledger] = LedgerState(master_key=key)
                     append(encode_record(_MASTER_KEY, ledger, -1, key))
-                    jbytes += _REC.size + len(key)
+                    jbytes += RECORD_HEADER + len(key)
                     self.metrics.ledgers.set(len(ledgers))
                 elif st.master_key != key:
                     if st.master_key:
@@ -251,10 +246,10 @@ class Bookie:
                     st.master_key = key
                     st.dirty = True
                     append(encode_record(_MASTER_KEY, ledger, -1, key))
-                    jbytes += _REC.size + len(key)
-                entries_of = cache_ledgers.get(ledger)
-                if entries_of is None:
-                    entries_of = cache_ledgers[ledger] = {}
+                    jbytes += RECORD_HEADER + len(key)
+                run = accepted.get(ledger)
+                if run is None:
+                    run = accepted[ledger] = {}
                 last_ledger = ledger
                 cur_key = key
                 cur_fenced = st.fenced
@@ -265,13 +260,14 @@ class Bookie:
             if cur_fenced and not e.flags & 1:
                 errors.append((i, pb.FENCED, f"ledger {ledger} is fenced"))
                 continue
-            append(rec_pack(size, crc_extend(crc_value(part_pack(_ADD, ledger, eid)), body), _ADD, ledger, eid))
-            append(body)
-            entries_of[eid] = body  # a rewrite (recovery add) replaces it; the byte count stays approximate
+            run[eid] = body
             if hlac > cur_lac:
                 cur_lac = hlac
-            nbytes += size
-            count += 1
+        for ledger, bodies in accepted.items():
+            if bodies:
+                records += encode_records(_ADD, ledger, bodies)
+                nbytes += cache.put_many(ledger, bodies)
+                count += len(bodies)
         if st is not None and cur_lac > st.lac:
             st.lac = cur_lac
             st.dirty = True
@@ -283,14 +279,12 @@ class Bookie:
                 self._wake_lac(ledger)
         if not records:
             return errors, None
-        cache.bytes += nbytes
-        cache.count += count
         m = self.metrics
         m.adds.inc(count)
         m.add_bytes.inc(nbytes)
         if cache.bytes >= self.opts.checkpoint_bytes:
             self.request_checkpoint()
-        return errors, self.journal.append(records, jbytes + nbytes + count * _REC.size)
+        return errors, self.journal.append(records, jbytes + nbytes + count * RECORD_HEADER)
 
     def backlog_bytes(self) -> int:
         """Bytes held in memory for adds: write cache, checkpoint in flight, journal queue."""
@@ -476,11 +470,7 @@ class Bookie:
             dropped = 0
             for ledger in ledgers:
                 self.ledgers.pop(ledger, None)
-                entries = self.cache.ledgers.pop(ledger, None)
-                if entries:
-                    dropped += len(entries)
-                    self.cache.count -= len(entries)
-                    self.cache.bytes -= sum(map(len, entries.values()))
+                dropped += self.cache.drop_ledger(ledger)
                 self._wake_lac(ledger)
             dropped += await asyncio.get_running_loop().run_in_executor(None, self.index.delete_ledgers, ledgers)
             self.metrics.ledgers.set(len(self.ledgers))

@@ -1,20 +1,26 @@
 """The bookie's admin HTTP API (aiohttp) and Prometheus metrics endpoint."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-if TYPE_CHECKING:
-    from .main import BookieServer
+from pybk.meta import MetadataError, MetadataStore, NoSuchLedgerError
+
+from .bookie import Bookie
+from .gc import GarbageCollector
 
 
-def make_app(server: "BookieServer") -> web.Application:
+def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
+             ready: Callable[[], tuple[bool, str]], gc: GarbageCollector | None,
+             store: MetadataStore | None) -> web.Application:
     """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc},
-    /api/v1/ledger/{list,metadata}."""
+    /api/v1/ledger/{list,metadata}.
+
+    info, state and ready describe the whole process; gc and store are None when the bookie runs
+    without a metadata store."""
     app = web.Application()
-    bookie = server.storage
 
     async def heartbeat(request: web.Request) -> web.Response:
         return web.Response(text="OK\n")
@@ -23,11 +29,11 @@ def make_app(server: "BookieServer") -> web.Application:
         body = generate_latest(bookie.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def info(request: web.Request) -> web.Response:
-        return web.json_response(server.info())
+    async def get_info(request: web.Request) -> web.Response:
+        return web.json_response(info())
 
-    async def state(request: web.Request) -> web.Response:
-        return web.json_response(server.state())
+    async def get_state(request: web.Request) -> web.Response:
+        return web.json_response(state())
 
     async def get_readonly(request: web.Request) -> web.Response:
         return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
@@ -45,20 +51,18 @@ def make_app(server: "BookieServer") -> web.Application:
         return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
                                   "disk": bookie.read_only_disk})
 
-    async def is_ready(request: web.Request) -> web.Response:
-        ready, why = server.ready()
-        return web.json_response({"ready": ready, "reason": why}, status=200 if ready else 503)
+    async def get_is_ready(request: web.Request) -> web.Response:
+        is_ready, why = ready()
+        return web.json_response({"ready": is_ready, "reason": why}, status=200 if is_ready else 503)
 
     async def gc_status(request: web.Request) -> web.Response:
-        reg = server.registration
-        return web.json_response({"last": reg.last_gc if reg else None,
-                                  "enabled": reg is not None})
+        return web.json_response({"last": gc.last if gc else None, "enabled": gc is not None})
 
     async def gc_run(request: web.Request) -> web.Response:
-        if server.registration is None:
+        if gc is None:
             return web.json_response({"error": "garbage collection needs --metadata-uri"}, status=409)
         try:
-            return web.json_response(await server.registration.collect_garbage())
+            return web.json_response(await gc.collect())
         except Exception as exc:  # noqa: BLE001 - report, do not crash
             return web.json_response({"error": str(exc)}, status=503)
 
@@ -79,13 +83,11 @@ def make_app(server: "BookieServer") -> web.Application:
             ledger_id = int(request.query["ledger_id"])
         except (KeyError, ValueError):
             return web.json_response({"error": "pass ?ledger_id=<integer>"}, status=400)
-        reg = server.registration
-        if reg is None or reg.store is None:
+        if store is None:
             return web.json_response({"error": "no metadata store: the bookie runs without --metadata-uri"},
                                      status=409)
-        from pybk.meta import MetadataError, NoSuchLedgerError
         try:
-            md = await reg.store.ledgers.get(ledger_id)
+            md = await store.ledgers.get(ledger_id)
         except NoSuchLedgerError:
             return web.json_response({"error": f"no ledger {ledger_id}"}, status=404)
         except MetadataError as exc:
@@ -99,9 +101,9 @@ def make_app(server: "BookieServer") -> web.Application:
     app.router.add_post("/api/v1/bookie/gc", gc_run)
     app.router.add_put("/api/v1/bookie/gc", gc_run)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/api/v1/bookie/info", info)
-    app.router.add_get("/api/v1/bookie/state", state)
+    app.router.add_get("/api/v1/bookie/info", get_info)
+    app.router.add_get("/api/v1/bookie/state", get_state)
     app.router.add_get("/api/v1/bookie/state/readonly", get_readonly)
     app.router.add_put("/api/v1/bookie/state/readonly", put_readonly)
-    app.router.add_get("/api/v1/bookie/is_ready", is_ready)
+    app.router.add_get("/api/v1/bookie/is_ready", get_is_ready)
     return app

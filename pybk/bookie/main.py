@@ -14,11 +14,15 @@ from typing import Any
 from aiohttp import web
 
 import pybk
+from pybk.meta import BookieInfo
 
 from .bookie import Bookie, StorageOptions
 from .config import ConfigError, Option, add_options, parse_bool, parse_size, resolve
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
+from .gc import GarbageCollector
+from .http import make_app
 from .journal import JournalCorruptError
+from .registration import Registration
 from .service import BookieService, make_server
 
 log = logging.getLogger("pybk.bookie")
@@ -111,7 +115,8 @@ class BookieServer:
             disk_capacity=cfg["disk_capacity"], disk_check_interval=cfg["disk_check_interval"],
             compaction_threshold=cfg["compaction_threshold"], max_write_cache_bytes=cfg["max_write_cache_bytes"])
         self.storage = Bookie(self.journal_dir, self.ledger_dirs, opts)
-        self.registration = None
+        self.registration: Registration | None = None
+        self.gc: GarbageCollector | None = None
         self.serving = False
         self._stop = asyncio.Event()
 
@@ -122,6 +127,11 @@ class BookieServer:
     @property
     def http_endpoint(self) -> str:
         return f"http://{self.cfg['host']}:{self.cfg['http_port']}"
+
+    def bookie_info(self) -> BookieInfo:
+        """What the registration advertises: how to reach this bookie and where it stands."""
+        return BookieInfo(bookie_id=self.bookie_id, grpc=self.grpc_endpoint, http=self.http_endpoint,
+                          zone=self.cfg["zone"], rack=self.cfg["rack"], version=pybk.__version__)
 
     def info(self) -> dict[str, Any]:
         free, total = self.storage.disk_space()
@@ -145,7 +155,7 @@ class BookieServer:
         the bookie up finds it)."""
         if not self.serving:
             return False, "starting"
-        if self.registration and self.registration.registered is None:
+        if self.registration and not self.registration.registered:
             return False, f"not registered yet {self.registration.last_error}".strip()
         return True, "serving"
 
@@ -167,11 +177,12 @@ class BookieServer:
             for d in [self.journal_dir, *self.ledger_dirs]:
                 d.mkdir(parents=True, exist_ok=True)
             if self.cfg["metadata_uri"]:
-                from .registration import Registration
-                self.registration = Registration(self)
+                self.registration = Registration(
+                    self.bookie_info(), self.cfg["metadata_uri"], self.cfg["registration_ttl"],
+                    lambda: self.storage.read_only)
                 await self.registration.connect()
                 try:
-                    await self.registration.verify_cookie()
+                    await self.registration.verify_cookie(self.journal_dir, self.ledger_dirs)
                 except BaseException:
                     await self.registration.close()
                     raise
@@ -191,7 +202,10 @@ class BookieServer:
             http_sock.close()
             raise
         await grpc_server.start()
-        app = _app(self)
+        store = self.registration.store if self.registration else None
+        if store is not None:
+            self.gc = GarbageCollector(self.storage, store.ledgers, self.cfg["gc_interval"])
+        app = make_app(self.storage, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store)
         embedded = None
         if self.registration:
             from pybk.recovery.embedded import mount
@@ -205,6 +219,7 @@ class BookieServer:
         if self.registration:
             self.storage.on_read_only_change = self.registration.read_only_changed
             self.registration.start()
+            self.gc.start()
             embedded.start()
         else:
             self.storage.on_read_only_change = None
@@ -217,6 +232,7 @@ class BookieServer:
         self.serving = False
         if self.registration:
             await embedded.stop()
+            await self.gc.close()
             await self.registration.close()
         await grpc_server.stop(grace=2)
         await runner.cleanup()
@@ -234,7 +250,3 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.setblocking(False)
     return sock
 
-
-def _app(server: BookieServer):
-    from .http import make_app
-    return make_app(server)

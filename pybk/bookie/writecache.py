@@ -24,6 +24,33 @@ class WriteCache:
         entries[entry] = body
         self.bytes += len(body)
 
+    def put_many(self, ledger: int, bodies: dict[int, bytes]) -> int:
+        """put() every entry id -> body of one ledger; returns the bytes of bodies. The cache may
+        keep the dict itself, so the caller hands it over. Adds call this once per ledger of a
+        batch, not put() per entry."""
+        nbytes = sum(map(len, bodies.values()))
+        old = self.ledgers.get(ledger)
+        if old is None:
+            self.ledgers[ledger] = bodies
+        else:
+            if not old.keys().isdisjoint(bodies):  # rewrites (recovery adds) replace
+                replaced = old.keys() & bodies.keys()
+                self.count -= len(replaced)
+                self.bytes -= sum(len(old[e]) for e in replaced)
+            old.update(bodies)
+        self.count += len(bodies)
+        self.bytes += nbytes
+        return nbytes
+
+    def drop_ledger(self, ledger: int) -> int:
+        """Forget every entry of ledger; returns how many there were."""
+        entries = self.ledgers.pop(ledger, None)
+        if not entries:
+            return 0
+        self.count -= len(entries)
+        self.bytes -= sum(map(len, entries.values()))
+        return len(entries)
+
     def get(self, ledger: int, entry: int) -> bytes | None:
         entries = self.ledgers.get(ledger)
         return entries.get(entry) if entries is not None else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 import urllib.request
+from http import HTTPStatus
 from pathlib import Path
 
 from .process import ChildProcess, free_port
@@ -68,7 +69,7 @@ class BookieProcess(ChildProcess):
 
     def is_ready(self) -> bool:
         status, _ = self.http_get("/api/v1/bookie/is_ready", timeout=1.0)
-        return status == 200
+        return status == HTTPStatus.OK
 
     def start(self, timeout: float = 60.0, wait: bool = True) -> "BookieProcess":
         """Start the process; with wait, return once /api/v1/bookie/is_ready answers 200."""

@@ -23,6 +23,11 @@ READONLY = "readonly"
 GONE = "gone"
 
 
+def registry_state(readonly: bool) -> str:
+    """The state (and key directory) of a registration made with this readonly flag."""
+    return READONLY if readonly else WRITABLE
+
+
 @dataclass(frozen=True)
 class BookieInfo:
     """How to reach a bookie and where it stands (zone/rack for placement)."""
@@ -102,8 +107,7 @@ class Registry:
 
     async def _put(self, info: BookieInfo, readonly: bool) -> int | None:
         """Write the registration; None on success, else the lease of the foreign live holder."""
-        mine, other = (READONLY, WRITABLE) if readonly else (WRITABLE, READONLY)
-        keys = [self.key(mine, info.bookie_id), self.key(other, info.bookie_id)]
+        keys = [self.key(registry_state(ro), info.bookie_id) for ro in (readonly, not readonly)]
         while True:
             lease = await self.session.lease_id()
             # Two plain reads, not a read-only txn (see Etcd.txn); the guarded write below
@@ -149,7 +153,7 @@ class Registry:
                     log.error("cannot re-register bookie %s: id held by lease %x", info.bookie_id, holder)
                 else:
                     log.warning("re-registered bookie %s (%s) on new lease %x", info.bookie_id,
-                                READONLY if readonly else WRITABLE, lease)
+                                registry_state(readonly), lease)
 
     async def _list(self, state: str) -> dict[str, BookieInfo]:
         start = self.dir + state.encode() + b"/"

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 
-from pybk.bookie.client import BookieError
+from pybk.bookie.client import BookieError, Status
 
 from . import metrics, plan
 from .bookies import BookiePool, BookieUnavailable
@@ -186,7 +186,7 @@ class Auditor:
                 client = await self.pool.get(b)
                 held[b] = await client.list_entries(md.ledger_id)
             except BookieError as exc:
-                held[b] = [] if exc.code.name == "NO_LEDGER" else None
+                held[b] = [] if exc.code is Status.NO_LEDGER else None
             except BookieUnavailable:
                 held[b] = None
         gaps = plan.fragment_gaps(frags, md.ensemble_size, md.write_quorum, last, held)

@@ -93,14 +93,13 @@ def _drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 async def _connect(uri: str):
     """A new BookKeeper client for uri, or an OptionError that names the unreachable service."""
     from pybk.client import BookKeeper
+    from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
     try:
         return await asyncio.wait_for(BookKeeper.connect(uri), CONNECT_TIMEOUT)
     except (asyncio.TimeoutError, OSError) as exc:
         raise OptionError(f"metadata service {uri} is unreachable: {exc or 'timed out'}") from exc
-    except Exception as exc:
-        if type(exc).__name__ in ("MetadataUnavailableError", "BadMetadataUriError"):
-            raise OptionError(f"metadata service {uri}: {exc}") from exc
-        raise
+    except (MetadataUnavailableError, BadMetadataUriError) as exc:
+        raise OptionError(f"metadata service {uri}: {exc}") from exc
 
 
 async def _client(uri: str):
@@ -112,12 +111,11 @@ async def _client(uri: str):
 
 
 def _is_no_such_ledger(exc: BaseException) -> bool:
-    return type(exc).__name__ in ("NoSuchLedgerError", "NoSuchLedger")
-
-
-def _state_name(md: Any) -> str:
-    state = getattr(md, "state", "")
-    return str(getattr(state, "name", state)).upper()
+    """The ledger does not exist: the client's error, or the metadata store's that it wraps.
+    Imported here, like the client in `_connect`, so importing this module stays light."""
+    from pybk.client.errors import NoSuchLedgerError
+    from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedgerError
+    return isinstance(exc, (NoSuchLedgerError, MetaNoSuchLedgerError))
 
 
 async def _readable(bk: Any, ledger_id: int, password: bytes) -> tuple[int, bool] | None:
@@ -133,7 +131,7 @@ async def _readable(bk: Any, ledger_id: int, password: bytes) -> tuple[int, bool
             return None
         raise
     md = handle.metadata
-    if _state_name(md) == "CLOSED":
+    if md.is_closed:
         return int(md.last_entry_id), True
     return int(await handle.read_last_add_confirmed()), False
 
@@ -239,7 +237,7 @@ async def _read_batches(uri: str, password: bytes, part: LedgerPartition,
     if include_metadata:
         custom = getattr(md, "custom", None) or {}
         metadata = sorted((str(k), bytes(v)) for k, v in custom.items())
-    closed = _state_name(md) == "CLOSED"
+    closed = md.is_closed
     avg = md.length / (md.last_entry_id + 1) if closed and md.last_entry_id >= 0 and md.length else None
 
     async def fetch(first: int, last: int) -> pa.RecordBatch:

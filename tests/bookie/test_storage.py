@@ -11,8 +11,9 @@ from pybk import entry
 from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.bookie.journal import (Journal, JournalCorruptError, Mark, RecordType, encode_record,
-                                 journal_files, replay)
+                                 encode_records, journal_files, replay)
 from pybk.bookie.state import LedgerState, entry_ranges
+from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
 
 KEY = entry.master_key(b"pw")
@@ -97,6 +98,31 @@ async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
     with pytest.raises(JournalCorruptError) as err:
         list(replay(tmp_path, Mark(0, 0)))
     assert str(path) in str(err.value) and "offset 225" in str(err.value)
+
+
+async def test_a_batch_of_records_is_the_single_records_back_to_back_replayed_in_order(tmp_path):
+    bodies = {5: b"a" * 10, 3: b"", 9: b"c" * 300}
+    parts = encode_records(RecordType.ADD, 7, bodies)
+    assert b"".join(parts) == b"".join(encode_record(RecordType.ADD, 7, e, b) for e, b in bodies.items())
+    assert all(any(p is b for p in parts) for b in bodies.values() if b)  # bodies are passed, not copied
+    j = Journal(tmp_path)
+    j.open()
+    await j.append(parts, sum(map(len, parts)))
+    await j.close()
+    assert [(r.type, r.ledger, r.entry, r.body) for r in replay(tmp_path, Mark(0, 0))] == [
+        (RecordType.ADD, 7, e, b) for e, b in bodies.items()]
+
+
+def test_write_cache_counts_each_entry_once_even_when_rewritten():
+    cache = WriteCache()
+    cache.put_many(1, {0: b"aaaa", 1: b"bb"})
+    cache.put_many(1, {1: b"b" * 10, 2: b"c"})  # entry 1 rewritten (a recovery add)
+    cache.put(2, 0, b"zzz")
+    assert (cache.count, cache.bytes) == (4, 4 + 10 + 1 + 3)
+    assert cache.get(1, 1) == b"b" * 10
+    assert cache.drop_ledger(1) == 3
+    assert (cache.count, cache.bytes) == (1, 3)
+    assert cache.drop_ledger(1) == 0
 
 
 async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path):
