@@ -24,7 +24,7 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import google_crc32c
 
