@@ -149,11 +149,7 @@ class Bookie:
         """Stop background work, checkpoint what is cached, close files."""
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.journal:
             await self.journal.close()
             if self.started:

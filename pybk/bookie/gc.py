@@ -66,7 +66,4 @@ class GarbageCollector:
         """Stop the background rounds (a round in progress is cancelled)."""
         if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.gather(self._task, return_exceptions=True)

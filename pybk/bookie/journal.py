@@ -330,10 +330,7 @@ class Journal:
             await asyncio.sleep(0.001)
         if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         if self._fd >= 0:
             os.close(self._fd)

@@ -110,10 +110,7 @@ class Registration:
         """Unregister (best effort) and close the store, revoking the lease."""
         if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.gather(self._task, return_exceptions=True)
         if self.store is not None:
             try:
                 await asyncio.wait_for(self.store.registry.unregister(self.bookie.bookie_id), 3)
