@@ -3,7 +3,8 @@ from __future__ import annotations
 
 
 class WriteCache:
-    """Entries by ledger then entry id, with a running byte count that triggers checkpoints."""
+    """Entries by ledger then entry id, with a running entry count and byte count (what paces
+    checkpoints)."""
 
     __slots__ = ("ledgers", "bytes", "count")
 
@@ -27,18 +28,20 @@ class WriteCache:
     def put_many(self, ledger: int, bodies: dict[int, bytes]) -> int:
         """put() every entry id -> body of one ledger; returns the bytes of bodies. The cache may
         keep the dict itself, so the caller hands it over. Adds call this once per ledger of a
-        batch, not put() per entry."""
+        batch, not put() per entry.
+
+        A rewritten entry (a recovery add) is counted once, but the body it replaces stays in the
+        byte count until the next checkpoint starts a new cache: finding the replaced bodies would
+        cost a lookup per entry on the hot path, and the count only paces checkpoints."""
         nbytes = sum(map(len, bodies.values()))
         old = self.ledgers.get(ledger)
         if old is None:
             self.ledgers[ledger] = bodies
+            self.count += len(bodies)
         else:
-            if not old.keys().isdisjoint(bodies):  # rewrites (recovery adds) replace
-                replaced = old.keys() & bodies.keys()
-                self.count -= len(replaced)
-                self.bytes -= sum(len(old[e]) for e in replaced)
+            before = len(old)
             old.update(bodies)
-        self.count += len(bodies)
+            self.count += len(old) - before
         self.bytes += nbytes
         return nbytes
 
