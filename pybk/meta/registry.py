@@ -8,6 +8,7 @@ bookie this process registered.
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -18,12 +19,17 @@ from .watch import DELETE, Watch
 
 log = logging.getLogger(__name__)
 
-WRITABLE = "writable"
-READONLY = "readonly"
-GONE = "gone"
+class RegistryState(enum.StrEnum):
+    """Where a bookie stands in the registry; WRITABLE and READONLY are also its key directory."""
+    WRITABLE = "writable"
+    READONLY = "readonly"
+    GONE = "gone"
 
 
-def registry_state(readonly: bool) -> str:
+WRITABLE, READONLY, GONE = RegistryState.WRITABLE, RegistryState.READONLY, RegistryState.GONE
+
+
+def registry_state(readonly: bool) -> RegistryState:
     """The state (and key directory) of a registration made with this readonly flag."""
     return READONLY if readonly else WRITABLE
 
@@ -56,7 +62,7 @@ class BookieEvent:
     """A bookie's registration changed: state is writable, readonly or gone (info None when gone)."""
 
     bookie_id: str
-    state: str
+    state: RegistryState
     info: BookieInfo | None
     revision: int
 
@@ -79,7 +85,7 @@ class Registry:
         self._lock = asyncio.Lock()
         session.on_new_lease(self._reregister)
 
-    def key(self, state: str, bookie_id: str) -> bytes:
+    def key(self, state: RegistryState, bookie_id: str) -> bytes:
         """The etcd key of bookie_id's registration in state (writable|readonly)."""
         return self.dir + state.encode() + b"/" + check_bookie_id(bookie_id).encode()
 
@@ -155,7 +161,7 @@ class Registry:
                     log.warning("re-registered bookie %s (%s) on new lease %x", info.bookie_id,
                                 registry_state(readonly), lease)
 
-    async def _list(self, state: str) -> dict[str, BookieInfo]:
+    async def _list(self, state: RegistryState) -> dict[str, BookieInfo]:
         start = self.dir + state.encode() + b"/"
         resp = await self.etcd.range(start, prefix_end(start))
         return {kv.key[len(start):].decode(): BookieInfo.from_bytes(kv.value) for kv in resp.kvs}
@@ -168,12 +174,12 @@ class Registry:
         """Read-only bookies by id."""
         return await self._list(READONLY)
 
-    async def all(self) -> dict[str, tuple[str, BookieInfo]]:
+    async def all(self) -> dict[str, tuple[RegistryState, BookieInfo]]:
         """Every registered bookie: id -> (writable|readonly, info)."""
         resp = await self.etcd.range(self.dir, prefix_end(self.dir))
         return _states(self.dir, resp.kvs)
 
-    async def get(self, bookie_id: str) -> tuple[str, BookieInfo | None]:
+    async def get(self, bookie_id: str) -> tuple[RegistryState, BookieInfo | None]:
         """(writable|readonly|gone, info) of one bookie."""
         start = self.dir
         resp = await self.etcd.range(start, prefix_end(start))
@@ -186,14 +192,15 @@ class Registry:
         return RegistryWatch(self, initial)
 
 
-def _states(dir_: bytes, kvs) -> dict[str, tuple[str, BookieInfo]]:
+def _states(dir_: bytes, kvs) -> dict[str, tuple[RegistryState, BookieInfo]]:
     """id -> (state, info) from registry keys; a bookie in both states counts as read-only."""
-    out: dict[str, tuple[str, BookieInfo]] = {}
+    out: dict[str, tuple[RegistryState, BookieInfo]] = {}
     for kv in kvs:
-        state, _, bid = kv.key[len(dir_):].decode().partition("/")
-        if state not in (WRITABLE, READONLY) or not bid:
+        directory, _, bid = kv.key[len(dir_):].decode().partition("/")
+        if directory not in (WRITABLE, READONLY) or not bid:
             continue
-        if state == READONLY or bid not in out:
+        state = RegistryState(directory)
+        if state is READONLY or bid not in out:
             out[bid] = (state, BookieInfo.from_bytes(kv.value))
     return out
 
@@ -204,7 +211,7 @@ class RegistryWatch:
     def __init__(self, registry: Registry, initial: bool):
         self.registry = registry
         self.initial = initial
-        self._present: dict[str, dict[str, BookieInfo]] = {WRITABLE: {}, READONLY: {}}
+        self._present: dict[RegistryState, dict[str, BookieInfo]] = {WRITABLE: {}, READONLY: {}}
         self._watch: Watch | None = None
         self._pending: list[BookieEvent] = []
 
@@ -221,7 +228,7 @@ class RegistryWatch:
         if self._watch is not None:
             await self._watch.close()
 
-    def _state(self, bid: str) -> tuple[str, BookieInfo | None]:
+    def _state(self, bid: str) -> tuple[RegistryState, BookieInfo | None]:
         if bid in self._present[READONLY]:
             return READONLY, self._present[READONLY][bid]
         if bid in self._present[WRITABLE]:

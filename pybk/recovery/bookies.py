@@ -5,6 +5,7 @@ import asyncio
 import logging
 
 from pybk.bookie.client import BookieClient
+from pybk.meta.registry import READONLY
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class BookiePool:
         A bookie caught in both directories while switching counts as read-only."""
         writable, readonly = {}, {}
         for bid, (state, info) in (await self.store.registry.all()).items():
-            (readonly if state == "readonly" else writable)[bid] = info
+            (readonly if state is READONLY else writable)[bid] = info
             self._addresses[bid] = info.grpc
         return writable, readonly
 
