@@ -6,6 +6,7 @@ fails at `load()`/`save()` instead of deep inside an executor.
 """
 from __future__ import annotations
 
+import enum
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -158,6 +159,12 @@ def _check_known(options: Mapping[str, str], known: Mapping[str, str], what: str
                           + ", ".join(sorted(known)))
 
 
+class StartingPosition(enum.StrEnum):
+    """Where a stream with no checkpoint starts in each ledger: its first entry or its end."""
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {str(k).lower(): v for k, v in options.items()}
 
@@ -174,7 +181,7 @@ class ReadOptions:
     include_metadata: bool = False
     password: bytes = b""
     max_entries_per_trigger: int | None = None
-    starting_position: str = "earliest"
+    starting_position: StartingPosition = StartingPosition.EARLIEST
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -186,9 +193,11 @@ class ReadOptions:
         end = parse_int("endEntry", opts.get("endentry"), None, 0)
         if end is not None and end < start:
             raise OptionError(f"option endEntry ({end}) is before startEntry ({start})")
-        position = str(opts.get("startingposition", "earliest")).strip().lower()
-        if position not in ("earliest", "latest"):
-            raise OptionError(f"option startingPosition: {position!r} must be 'earliest' or 'latest'")
+        position = str(opts.get("startingposition", StartingPosition.EARLIEST)).strip().lower()
+        try:
+            starting_position = StartingPosition(position)
+        except ValueError:
+            raise OptionError(f"option startingPosition: {position!r} must be 'earliest' or 'latest'") from None
         return cls(
             metadata_uri=uri,
             ledgers=parse_ledgers(ledgers_text),
@@ -200,7 +209,7 @@ class ReadOptions:
             password=str(opts.get("password", "")).encode("utf-8"),
             max_entries_per_trigger=parse_int("maxEntriesPerTrigger",
                                               opts.get("maxentriespertrigger"), None, 1),
-            starting_position=position,
+            starting_position=starting_position,
         )
 
 

@@ -20,7 +20,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourc
 from pyspark.sql.types import StructType
 
 from . import offsets as offs
-from .options import JOB_KEY, PARTITION_KEY, OptionError, ReadOptions, WriteOptions
+from .options import JOB_KEY, PARTITION_KEY, OptionError, ReadOptions, StartingPosition, WriteOptions
 from .plan import Bounds, EntryRange, candidate_ledgers, narrow, plan_ranges, select_ledgers
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow
@@ -355,7 +355,7 @@ class LedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         available = self._available()
         first = self.opts.start_entry
-        if self.opts.starting_position == "latest":
+        if self.opts.starting_position is StartingPosition.LATEST:
             start = {lid: max(first, n) for lid, n in available.items()}
         else:
             start = {lid: first for lid in available}
