@@ -1,5 +1,6 @@
 """Ledger metadata: the model (every field of DESIGN §2), its compact protobuf encoding and JSON
-view, and the etcd operations on it (create with block id allocation, get, CAS, delete, list, watch).
+view, and the etcd operations on it (create with block id allocation, get, CAS, the one
+read-change-CAS loop every updater uses, delete, list, watch).
 
 Keys: `/<prefix>/ledgers/<20-digit id>` (so key order is id order) and `/<prefix>/ledgers/idgen`
 (the next unallocated id). The metadata version is the key's etcd mod_revision; every change is
@@ -15,7 +16,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Generic, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -226,6 +227,38 @@ class LedgerMetadata:
             raise BadMetadataError(f"bad ledger metadata JSON: {exc!r}") from None
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Unchanged(Generic[R]):
+    """What an update's `change` returns to leave the stored metadata as it is; `reason` (of the
+    caller's own type) says why, e.g. the ledger is no longer in the state the change needs."""
+
+    reason: R | None = None
+
+
+@dataclass(frozen=True)
+class UpdateResult(Generic[R]):
+    """How `Ledgers.update` ended: `metadata` as stored now (the version written, or the one
+    `change` declined to change) and `unchanged`, `change`'s answer when it wrote nothing."""
+
+    metadata: LedgerMetadata
+    unchanged: Unchanged[R] | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.unchanged is None
+
+    @property
+    def reason(self) -> R | None:
+        """Why nothing was written (None when something was)."""
+        return self.unchanged.reason if self.unchanged is not None else None
+
+
+Change = Callable[[LedgerMetadata], LedgerMetadata | Unchanged[R]]
+
+
 def ledger_key_suffix(ledger_id: int) -> bytes:
     return b"%020d" % ledger_id
 
@@ -327,6 +360,23 @@ class Ledgers:
             raise NoSuchLedgerError(md.ledger_id)
         current = LedgerMetadata.from_bytes(kvs[0].value, kvs[0].mod_revision, md.ledger_id)
         raise VersionConflictError(f"ledger {md.ledger_id}", md.version, current, current.version)
+
+    async def update(self, ledger_id: int, change: Change[R],
+                     current: LedgerMetadata | None = None) -> UpdateResult[R]:
+        """The one metadata update loop: read the ledger (or start from `current`, the metadata the
+        caller holds, saving a read: a stale copy only costs a conflict), ask `change` what it
+        should become, CAS that; on a version conflict ask `change` again about the metadata that
+        won, until a CAS sticks or `change` returns Unchanged. `change` must be pure: it may run
+        many times. Its exceptions propagate, as does NoSuchLedgerError if the ledger is deleted."""
+        md = current if current is not None else await self.get(ledger_id)
+        while True:
+            new = change(md)
+            if isinstance(new, Unchanged):
+                return UpdateResult(md, new)
+            try:
+                return UpdateResult(await self.cas(new))
+            except VersionConflictError as e:
+                md = e.current if e.current is not None else await self.get(ledger_id)
 
     async def delete(self, ledger_id: int, version: int | None = None) -> None:
         """Delete the ledger's metadata (only if still at `version`, when given)."""
