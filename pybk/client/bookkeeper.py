@@ -103,10 +103,10 @@ class BookKeeper:
         md = await self.ledger_metadata(ledger_id)
         if md.password_hash != password_hash(password):
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
-        if recovery and md.state.name != "CLOSED":
+        if recovery and not md.is_closed:
             md = await recover(self, md, password)
         lh = LedgerHandle(self, md, password, writable=False)
-        if md.state.name != "CLOSED":
+        if not md.is_closed:
             try:
                 await lh.read_last_add_confirmed()
             except Exception as e:  # a tailing reader still opens; it learns the LAC later

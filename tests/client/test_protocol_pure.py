@@ -7,11 +7,12 @@ import random
 
 import pytest
 
-from pybk.client.close import CloseOutcome, after_close_conflict
+from pybk.client.close import CloseOutcome, after_close_conflict, close_at
 from pybk.client.errors import NotEnoughBookiesError
 from pybk.client.placement import choose_ensemble, replace_bookies
 from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
                                 recovery_read_decision, validate, write_quorums, write_set)
+from pybk.meta.ledgers import Fragment, LedgerMetadata, LedgerState, Unchanged
 
 F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
 
@@ -118,9 +119,26 @@ def test_replacement_excludes_ensemble_and_failed_and_prefers_unused_zone():
 
 
 def test_close_conflict_decision():
-    assert after_close_conflict("OPEN", -1, 5) is CloseOutcome.RETRY
-    assert after_close_conflict("IN_RECOVERY", -1, 5) is CloseOutcome.IN_RECOVERY
-    assert after_close_conflict("CLOSED", 5, 5) is CloseOutcome.SUCCESS
-    assert after_close_conflict("CLOSED", 6, 5) is CloseOutcome.MISMATCH
+    assert after_close_conflict(LedgerState.OPEN, -1, 5) is CloseOutcome.RETRY
+    assert after_close_conflict(LedgerState.IN_RECOVERY, -1, 5) is CloseOutcome.IN_RECOVERY
+    assert after_close_conflict(LedgerState.CLOSED, 5, 5) is CloseOutcome.SUCCESS
+    assert after_close_conflict(LedgerState.CLOSED, 6, 5) is CloseOutcome.MISMATCH
     with pytest.raises(ValueError):
         after_close_conflict("WEIRD", 0, 0)
+
+
+def _ledger(state: LedgerState = LedgerState.OPEN, last_entry_id: int = -1) -> LedgerMetadata:
+    return LedgerMetadata(ledger_id=7, ensemble_size=3, write_quorum=3, ack_quorum=2, state=state,
+                          last_entry_id=last_entry_id, fragments=[Fragment(0, ["a", "b", "c"])], version=4)
+
+
+def test_close_closes_an_open_ledger_at_our_last_entry_and_length():
+    closed = close_at(5, 600)(_ledger())
+    assert closed.state is LedgerState.CLOSED and (closed.last_entry_id, closed.length) == (5, 600)
+    assert closed.version == 4                             # CASed against the version read
+
+
+def test_close_leaves_a_ledger_someone_else_moved_with_the_outcome_as_reason():
+    assert close_at(5, 600)(_ledger(LedgerState.IN_RECOVERY)) == Unchanged(CloseOutcome.IN_RECOVERY)
+    assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 5)) == Unchanged(CloseOutcome.SUCCESS)
+    assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 6)) == Unchanged(CloseOutcome.MISMATCH)
