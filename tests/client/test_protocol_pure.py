@@ -1,5 +1,5 @@
 """The protocol's pure decisions: write sets, ordered acks, fencing coverage, recovery reads,
-placement and the close-conflict rule, with no server."""
+placement, the close-conflict rule and the read limit, with no server."""
 from __future__ import annotations
 
 import itertools
@@ -8,10 +8,11 @@ import random
 import pytest
 
 from pybk.client.close import CloseOutcome, after_close_conflict, close_at
-from pybk.client.errors import NotEnoughBookiesError
+from pybk.client.errors import NoSuchEntryError, NotEnoughBookiesError
 from pybk.client.placement import choose_ensemble, replace_bookies
 from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
                                 recovery_read_decision, validate, write_quorums, write_set)
+from pybk.client.reader import check_range
 from pybk.meta.ledgers import Fragment, LedgerMetadata, LedgerState, Unchanged
 
 F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
@@ -142,3 +143,13 @@ def test_close_leaves_a_ledger_someone_else_moved_with_the_outcome_as_reason():
     assert close_at(5, 600)(_ledger(LedgerState.IN_RECOVERY)) == Unchanged(CloseOutcome.IN_RECOVERY)
     assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 5)) == Unchanged(CloseOutcome.SUCCESS)
     assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 6)) == Unchanged(CloseOutcome.MISMATCH)
+
+
+def test_a_handle_reads_from_entry_0_up_to_its_limit_and_no_further():
+    check_range(7, 0, 5, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="entry ids start at 0"):
+        check_range(7, -1, 5, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="its last add confirmed is 5"):
+        check_range(7, 0, 6, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="its last entry is 5"):
+        check_range(7, 0, 6, limit=5, closed=True)
