@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
+from pybk.bookie.client import BookieClient
 from pybk.meta.ledgers import Change, Fragment, LedgerMetadata, LedgerState, Unchanged
 
 from .errors import BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
 from .placement import replace_bookies
+
+if TYPE_CHECKING:
+    from .bookkeeper import BookKeeper
 
 log = logging.getLogger("pybk.client")
 
@@ -65,10 +69,10 @@ class EnsembleChange:
     metadata: LedgerMetadata
     not_open: LedgerState | None = None
     replaced: set[int] = field(default_factory=set)
-    clients: dict[int, Any] = field(default_factory=dict)
+    clients: dict[int, BookieClient | None] = field(default_factory=dict)
 
 
-async def change_ensemble(bk, md: LedgerMetadata, ensemble: list[str], failed: set[int],
+async def change_ensemble(bk: "BookKeeper", md: LedgerMetadata, ensemble: list[str], failed: set[int],
                           first_entry: int, exclude: set[str]) -> EnsembleChange:
     """Replace the bookies at indices `failed` of `ensemble` (the writer's last fragment) from
     `first_entry` on, then connect to the new ones. Bookies in `exclude` (every one the writer
@@ -88,7 +92,7 @@ async def change_ensemble(bk, md: LedgerMetadata, ensemble: list[str], failed: s
         return EnsembleChange(md, not_open=result.reason)
     new_ens = md.current_ensemble
     replaced = set(failed) | {i for i, b in enumerate(new_ens) if b != ensemble[i]}
-    clients = {}
+    clients: dict[int, BookieClient | None] = {}
     for i in replaced:
         try:
             clients[i] = await bk.client(new_ens[i])
