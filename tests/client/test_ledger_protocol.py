@@ -1,4 +1,4 @@
-"""The replication protocol's promises (issue 4), each shown on real etcd and real bookie
+"""The replication protocol's promises, each shown on real etcd and real bookie
 processes. Every fault test checks that no acknowledged entry is lost or changed."""
 from __future__ import annotations
 
