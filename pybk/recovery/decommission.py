@@ -1,6 +1,6 @@
 """Decommission: drain a bookie so that no ledger references it, then forget its cookie.
 
-Steps (DESIGN §7): make the bookie read-only (its admin API, so it takes no new entries), record
+Steps: make the bookie read-only (its admin API, so it takes no new entries), record
 a drain request (`/<prefix>/decommission/<bookie>`; replication workers treat the bookie as one to
 replace), mark every ledger referencing it under-replicated, wait until none does, delete its
 cookie. The waiting is done by the auditor (`drain_step`, every poll), so a request made with
