@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .observed import DecommissionPhase, MetadataObservation, Registration
+from .spec import BookieClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,24 @@ async def max_open_ensemble(store) -> int:
     return (await scan_ledgers(store, set()))[0]
 
 
+def ledger_checks(spec: BookieClusterSpec, replicas: int,
+                  removed_with_volumes: Iterable[str]) -> tuple[bool, list[str]]:
+    """What `observe` must read every ledger for, as (`need_ensemble`, `check_in_use`): the largest
+    open ensemble only while a scale-down is pending (`spec.replicas` below the `replicas` running),
+    and whether removed bookies still holding volumes are named by a ledger only when
+    pvcPolicy Delete would drop those volumes."""
+    return spec.replicas < replicas, list(removed_with_volumes) if spec.pvc_policy == "Delete" else []
+
+
 async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = False,
                   check_in_use: Iterable[str] = ()) -> tuple[MetadataObservation, dict[str, BookieMetadata]]:
     """Registry state and decommission progress of `bookie_ids`, plus cluster-wide counts.
 
-    Every ledger's metadata is read (once) only when needed: for the largest open ensemble when
-    `need_ensemble` (a scale-down is pending), and to tell whether the bookies in `check_in_use`
-    (removed slots whose volumes could go) are still named by a ledger.
+    The bookies returned are `bookie_ids` and every bookie with a decommission record, so a
+    platform also sees the drains of slots it no longer has. Every ledger's metadata is read
+    (once) only when needed: for the largest open ensemble when `need_ensemble` (a scale-down is
+    pending), and to tell whether the bookies in `check_in_use` (removed slots whose volumes could
+    go) are still named by a ledger (see `ledger_checks`).
     """
     registered = await store.registry.all()
     under_replicated = await store.underreplication.count()
@@ -79,13 +91,24 @@ async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = Fal
     watch = set(check_in_use)
     ensemble, used = await scan_ledgers(store, watch) if (need_ensemble or watch) else (0, set())
     bookies: dict[str, BookieMetadata] = {}
-    for bid in bookie_ids:
+    for bid in [*bookie_ids, *drains]:
         state, info = registered.get(bid, (None, None))
         reg = Registration(state) if state in ("writable", "readonly") else Registration.ABSENT
         phase, left, msg = decommission_phase(drains.get(bid))
         bookies[bid] = BookieMetadata(reg, phase, left, msg, getattr(info, "http", None) or None,
                                       (bid in used) if bid in watch else None)
     return MetadataObservation(under_replicated=under_replicated, max_open_ensemble=ensemble), bookies
+
+
+async def drained_away(store, bookie_id: str) -> bool:
+    """True when etcd has no cookie for the bookie and no ledger names it: a drain finished and
+    deleted its cookie, so any data still left on its disks is garbage (the bookie would refuse
+    to start on it)."""
+    from pybk.recovery import decommission
+
+    if await store.cookies.get(bookie_id) is not None:
+        return False
+    return not await decommission.referencing_ledgers(store, bookie_id)
 
 
 async def start_decommission(store, bookie_id: str, http: str | None, retry: bool = False) -> None:

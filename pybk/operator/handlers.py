@@ -138,9 +138,9 @@ async def _observe(ctx: OperatorContext, spec: BookieClusterSpec, uri: str | Non
         try:
             store = await ctx.stores.get(uri)
             removed = [ids[o] for o in pvc_ordinals if o >= replicas and o not in pods]
+            need_ensemble, check_in_use = meta_side.ledger_checks(spec, replicas, removed)
             meta_obs, by_id = await asyncio.wait_for(
-                meta_side.observe(store, ids.values(), need_ensemble=spec.replicas < replicas,
-                                  check_in_use=removed if spec.pvc_policy == "Delete" else ()),
+                meta_side.observe(store, ids.values(), need_ensemble=need_ensemble, check_in_use=check_in_use),
                 METADATA_TIMEOUT)
             extra["store"] = store
         except Exception as e:  # noqa: BLE001 - any etcd failure means "metadata unknown"
