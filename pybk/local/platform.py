@@ -294,7 +294,7 @@ class LocalCluster:
             log.info("decommissioning %s%s: draining its ledgers to the other bookies", a.bookie_id,
                      " (retry)" if a.retry else "")
             try:
-                await meta_side.start_decommission(store, a.bookie_id, self._http(a.ordinal), retry=a.retry)
+                await meta_side.start_decommission(store, a.bookie_id, retry=a.retry)
             except DecommissionError as e:
                 raise ChangeRefused(f"cannot scale down: {e}") from None
         elif isinstance(a, act.WaitDecommission):

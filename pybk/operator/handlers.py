@@ -207,8 +207,7 @@ async def _execute(ctx: OperatorContext, spec: BookieClusterSpec, uri: str, body
         elif isinstance(a, ScaleStatefulSet):
             await kube.patch("apps/v1", "StatefulSet", spec.name, ns, {"spec": {"replicas": a.replicas}})
         elif isinstance(a, StartDecommission):
-            await meta_side.start_decommission(store, a.bookie_id, extra.get("http", {}).get(a.bookie_id),
-                                               retry=a.retry)
+            await meta_side.start_decommission(store, a.bookie_id, retry=a.retry)
         elif isinstance(a, CancelDecommission):
             await meta_side.cancel_decommission(store, a.bookie_id, extra.get("http", {}).get(a.bookie_id))
         elif isinstance(a, ClearDecommission):

@@ -10,6 +10,7 @@ from pybk.cluster import metadata
 from pybk.cluster.observed import DecommissionPhase, Registration
 from pybk.cluster.spec import load_manifest
 from pybk.meta import BookieInfo, Cookie, MetadataStore
+from pybk.meta.decommission import Decommission
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 
@@ -47,6 +48,16 @@ async def test_observe_reports_registry_drains_markers_and_open_ensembles(store)
     assert bookies[ids[0]].decommission is DecommissionPhase.NONE
     meta, _ = await metadata.observe(store, ids)  # no scale-down pending: no ledger scan
     assert meta.max_open_ensemble == 0
+
+
+def test_a_drain_record_is_in_progress_until_done_or_failed():
+    def rec(state: str, remaining: int = -1) -> Decommission:
+        return Decommission("b0:3181", state, ledgers_remaining=remaining, message="m")
+    assert metadata.decommission_phase(None) == (DecommissionPhase.NONE, None, "")
+    assert metadata.decommission_phase(rec("requested")) == (DecommissionPhase.IN_PROGRESS, None, "m")
+    assert metadata.decommission_phase(rec("draining", 2)) == (DecommissionPhase.IN_PROGRESS, 2, "m")
+    assert metadata.decommission_phase(rec("done", 0)) == (DecommissionPhase.DONE, 0, "m")
+    assert metadata.decommission_phase(rec("failed", 1)) == (DecommissionPhase.FAILED, 1, "m")
 
 
 def test_ledgers_are_read_only_for_a_pending_scale_down_or_volumes_about_to_be_deleted():
