@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from pybk.meta.decommission import DONE, FAILED, Decommission
 
-from .observed import DecommissionPhase, MetadataObservation, Registration
+from .observed import BookieObservation, DecommissionPhase, MetadataObservation, Registration
 from .spec import BookieClusterSpec
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,13 @@ class BookieMetadata:
     message: str = ""
     http: str | None = None
     in_use: bool | None = None
+
+    def observation(self, ordinal: int, bookie_id: str, **platform: Any) -> BookieObservation:
+        """The controller's view of one bookie slot: what the platform saw of it (`platform`:
+        pod_exists, pod_ready, config_hash, has_volumes, ...) and what etcd says."""
+        return BookieObservation(ordinal=ordinal, bookie_id=bookie_id, registration=self.registration,
+                                 decommission=self.decommission, ledgers_left=self.ledgers_left,
+                                 decommission_message=self.message, in_use=self.in_use, **platform)
 
 
 def decommission_phase(record: Decommission | None) -> tuple[DecommissionPhase, int | None, str]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from pybk.cluster import actions as act
 from pybk.cluster import metadata as meta_side
 from pybk.cluster.controller import BELOW_ENSEMBLE, plan
-from pybk.cluster.observed import BookieObservation, MetadataObservation, Observed
+from pybk.cluster.observed import MetadataObservation, Observed
 from pybk.cluster.spec import BookieClusterSpec
 from pybk.recovery.process import AutoRecoveryProcess
 
@@ -91,11 +91,9 @@ class LocalCluster:
             bid = bookie_id(o)
             proc = self.bookies.get(o)
             m = by_id.get(bid, meta_side.BookieMetadata())
-            bookies[o] = BookieObservation(
-                ordinal=o, bookie_id=bid, pod_exists=proc is not None, pod_ready=proc is not None and proc.alive(),
-                registration=m.registration, config_hash=self.config_hashes.get(o), decommission=m.decommission,
-                ledgers_left=m.ledgers_left, decommission_message=m.message,
-                has_volumes=(self.data_dir / bid).exists(), in_use=m.in_use)
+            bookies[o] = m.observation(o, bid, pod_exists=proc is not None,
+                                       pod_ready=proc is not None and proc.alive(),
+                                       config_hash=self.config_hashes.get(o), has_volumes=(self.data_dir / bid).exists())
         return Observed(resources_exist=bool(self.etcd and self.etcd.alive()), resources_hash=self.applied_hash,
                         replicas=len(self.bookies), bookies=bookies, metadata=metadata)
 
