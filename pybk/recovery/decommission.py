@@ -30,6 +30,10 @@ class DecommissionError(Exception):
     """A decommission could not start or finish; the message says why."""
 
 
+class UnknownBookieError(DecommissionError):
+    """etcd knows nothing of the bookie (not registered, no cookie, no ledger): nothing to drain."""
+
+
 def http_url(address: str, path: str) -> str:
     """URL of path on an admin endpoint advertised as host:port or http://host:port."""
     base = address if "://" in address else f"http://{address}"
@@ -59,7 +63,7 @@ async def start(store, bookie_id: str) -> dict:
     cookie = await store.cookies.get(bookie_id)
     ledgers = await referencing_ledgers(store, bookie_id)
     if info is None and cookie is None and not ledgers:
-        raise DecommissionError(f"unknown bookie {bookie_id!r}: not registered, no cookie, no ledger on it")
+        raise UnknownBookieError(f"unknown bookie {bookie_id!r}: not registered, no cookie, no ledger on it")
     largest = 0
     async for md in store.ledgers.list_metadata():
         if plan.referencing(md.fragments, bookie_id):
