@@ -347,7 +347,7 @@ def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:
 
 def _unknown_variable(variable: str, process: Process) -> str:
     owners = [p.title for p in PROCESSES if variable in {o.variable for o in p.options}]
-    where = f"an option of {', '.join(owners)}" if owners else "no pybk option"
+    where = f"a setting of {', '.join(owners)}" if owners else "no pybk process takes it"
     close = difflib.get_close_matches(variable, [o.variable for o in process.options], n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return f"{variable}: not a setting of {process.title} ({where}){hint}\nsee {process.title} --help"
