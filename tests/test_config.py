@@ -150,3 +150,18 @@ def test_a_setting_read_at_import_time_comes_from_the_same_declaration():
     assert refresh.value_in({"PYBK_OPERATOR_REFRESH_INTERVAL": "5"}) == 5.0
     with pytest.raises(ConfigError, match="^PYBK_OPERATOR_REFRESH_INTERVAL: "):
         refresh.value_in({"PYBK_OPERATOR_REFRESH_INTERVAL": "-1"})
+
+
+def test_the_environment_the_operator_gives_each_pod_is_accepted():
+    from pybk.cluster.spec import load_manifest
+    from pybk.operator import render
+
+    spec = load_manifest(ROOT / "examples/bookiecluster-full.yaml")
+    processes = {"bookie": BOOKIE, "autorecovery": AUTORECOVERY}
+    workloads = [o for o in render.render(spec, "etcd://etcd:2379/pybk") if o["kind"] in ("StatefulSet", "Deployment")]
+    containers = [c for obj in workloads for c in obj["spec"]["template"]["spec"]["containers"]]
+    assert sorted(c["name"] for c in containers) == sorted(processes)
+    for container in containers:
+        env = {e["name"]: e.get("value", "10.0.0.1") for e in container["env"]}
+        resolve(parse(processes[container["name"]], []), processes[container["name"]],
+                {**env, "PYBK_CRD": "/opt/pybk/crds/bookiecluster.yaml"})
