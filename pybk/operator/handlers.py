@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from pybk import config
 from pybk.cluster import metadata as meta_side
 from pybk.cluster.actions import (CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                                   RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 RETRY_DELAY = 15.0
 # Timer intervals are fixed when kopf registers the handlers (at import): `pybk operator` sets
 # these variables from its flags before importing this module.
-REFRESH_INTERVAL = float(os.environ.get("PYBK_OPERATOR_REFRESH_INTERVAL", "20"))
-AUDIT_INTERVAL = float(os.environ.get("PYBK_OPERATOR_AUDIT_INTERVAL", "3600"))
+REFRESH_INTERVAL = config.OPERATOR.option("refresh_interval").value_in(os.environ)
+AUDIT_INTERVAL = config.OPERATOR.option("audit_interval").value_in(os.environ)
 METADATA_TIMEOUT = 10.0
 
 
