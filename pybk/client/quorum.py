@@ -105,6 +105,7 @@ class AckTracker:
         lac = self.lac
         acks = self._acks
         pos = entry_id - lac - 1
+        # the last test is pybk.ledger.holds, inlined: this runs for every ack
         if pos < 0 or pos >= len(acks) or (index - entry_id) % self.ensemble >= self.write_quorum:
             return lac
         acks[pos].add(index)
