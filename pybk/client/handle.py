@@ -22,7 +22,7 @@ from .close import CloseOutcome, after_close_conflict
 from .errors import (BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError,
                      UnauthorizedError)
 from .placement import replace_bookies
-from .quorum import AckTracker, write_quorums, write_set
+from .quorum import AckTracker, write_quorums
 
 log = logging.getLogger("pybk.client")
 
@@ -69,7 +69,7 @@ class LedgerHandle:
         if writable:
             e, qw, qa = md.ensemble_size, md.write_quorum, md.ack_quorum
             self._tracker = AckTracker(e, qw, qa)
-            self._ws = [write_set(e, qw, i) for i in range(e)]
+            self._ws = write_quorums(e, qw)
             self._pending: list[_Pending] = []
             self._head = 0                         # index of the first live item in _pending
             self._length = 0                       # bytes of the acked entries

@@ -7,10 +7,11 @@ import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 from pybk.entry import DigestMismatch, decode
+from pybk.ledger import fragment_pieces, write_set_bookies
 
 from .errors import (BKError, BookieUnavailableError, DigestMismatchError, NoSuchEntryError,
                      UnauthorizedError)
-from .quorum import fencing_complete, write_set
+from .quorum import fencing_complete
 
 if TYPE_CHECKING:
     from .handle import LedgerEntry, LedgerHandle
@@ -24,18 +25,6 @@ STREAM_MIN = 16   # shorter ranges are read entry by entry (speculative reads, l
 
 def _code(exc: BaseException) -> str | None:
     return getattr(getattr(exc, "code", None), "name", None)
-
-
-def _fragment_bounds(md, first: int, last: int) -> list[tuple[int, int, list[str]]]:
-    """[(a, b, ensemble)] pieces of first..last, one per fragment."""
-    out = []
-    frags = md.fragments
-    for i, f in enumerate(frags):
-        end = frags[i + 1].first_entry_id - 1 if i + 1 < len(frags) else last
-        a, b = max(first, f.first_entry_id), min(last, end)
-        if a <= b:
-            out.append((a, b, list(f.bookies)))
-    return out
 
 
 def _verify(h: "LedgerHandle", bookie: str, entry_id: int, body: bytes) -> bytes:
@@ -55,7 +44,7 @@ async def read_one(h: "LedgerHandle", entry_id: int, ensemble: list[str], avoid:
     `avoid` (a bookie that just failed) is tried last."""
     md = h.metadata
     bk = h._bk
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = write_set_bookies(entry_id, ensemble, md.write_quorum)
     if avoid in replicas:
         replicas.remove(avoid)
         replicas.append(avoid)
@@ -158,7 +147,7 @@ async def read_entries(h: "LedgerHandle", first: int, last: int) -> AsyncIterato
     lid = md.ledger_id
     check_range(h, first, last)
     chunk_no = 0
-    for a0, b0, ensemble in _fragment_bounds(md, first, last):
+    for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
             a = a0
             while a <= b0:
