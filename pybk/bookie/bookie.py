@@ -19,6 +19,7 @@ from typing import Callable
 import google_crc32c
 
 from pybk.entry import HEADER, HEADER_SIZE
+from pybk.ledger import entry_ranges
 from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
@@ -26,7 +27,7 @@ from .index import Index
 from .journal import (_CRC_PART as _PART, RECORD as _REC, Journal, Mark, RecordType, encode_record, read_mark,
                       replay, write_mark)
 from .metrics import Metrics
-from .state import LedgerState, check_key, entry_ranges
+from .state import LedgerState, check_key
 from .writecache import WriteCache
 
 log = logging.getLogger("pybk.bookie")

@@ -21,7 +21,7 @@ from .close import CloseOutcome, close_at
 from .ensemble_change import EnsembleChange, change_ensemble, not_open_error
 from .errors import (BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError,
                      UnauthorizedError, status_of)
-from .quorum import AckTracker, write_quorums, write_set
+from .quorum import AckTracker, write_quorums
 from .reaction import Reaction, reaction
 from .types import LedgerEntry
 
@@ -54,7 +54,7 @@ class LedgerHandle:
         if writable:
             e, qw, qa = md.ensemble_size, md.write_quorum, md.ack_quorum
             self._tracker = AckTracker(e, qw, qa)
-            self._ws = [write_set(e, qw, i) for i in range(e)]
+            self._ws = write_quorums(e, qw)
             self._pending: list[_Pending] = []
             self._head = 0                         # index of the first live item in _pending
             self._length = 0                       # bytes of the acked entries

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 from pybk.bookie.client import Status
 from pybk.entry import DigestMismatch, decode
+from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
 from .errors import (BKError, BookieUnavailableError, DigestMismatchError, NoSuchEntryError,
                      UnauthorizedError, status_of)
-from .quorum import fencing_complete, write_set
+from .quorum import fencing_complete
 from .types import LedgerEntry
 
 if TYPE_CHECKING:
@@ -35,18 +36,6 @@ async def _client(bk: "BookKeeper", bookie: str):
     return bk.cached_client(bookie) or await bk.client(bookie)
 
 
-def _fragment_bounds(md, first: int, last: int) -> list[tuple[int, int, list[str]]]:
-    """[(a, b, ensemble)] pieces of first..last, one per fragment."""
-    out = []
-    frags = md.fragments
-    for i, f in enumerate(frags):
-        end = frags[i + 1].first_entry_id - 1 if i + 1 < len(frags) else last
-        a, b = max(first, f.first_entry_id), min(last, end)
-        if a <= b:
-            out.append((a, b, list(f.bookies)))
-    return out
-
-
 def _verify(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, entry_id: int,
             body: bytes) -> bytes:
     try:
@@ -63,7 +52,7 @@ async def read_one(bk: "BookKeeper", md: LedgerMetadata, password: bytes, entry_
     """One entry's payload from its write set: the first replica, then the next on an error or
     once `speculative_read_delay` passes without an answer; the first verified copy wins.
     `avoid` (a bookie that just failed) is tried last."""
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = write_set_bookies(entry_id, ensemble, md.write_quorum)
     if avoid in replicas:
         replicas.remove(avoid)
         replicas.append(avoid)
@@ -159,7 +148,7 @@ async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fi
     short ranges are read entry by entry, a window at a time."""
     lid = md.ledger_id
     chunk_no = 0
-    for a0, b0, ensemble in _fragment_bounds(md, first, last):
+    for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
             a = a0
             while a <= b0:

@@ -24,8 +24,7 @@ from pybk.entry import master_key as make_master_key
 from pybk.meta.ledgers import Change, LedgerMetadata, LedgerState, Unchanged
 
 from .errors import LedgerRecoveryError, UnauthorizedError, status_of
-from .quorum import (RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision,
-                     write_set)
+from .quorum import RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision
 
 log = logging.getLogger("pybk.client")
 
@@ -93,8 +92,7 @@ async def _fence(bk, md, mk: bytes) -> int:
 async def _recovery_read(bk, md, password: bytes | None,
                          entry_id: int) -> tuple[RecoveryDecision, bytes | None, str]:
     """Ask the entry's whole write quorum; decide as soon as the answers allow."""
-    ensemble = md.ensemble_for(entry_id)
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = md.write_set(entry_id)
     lid = md.ledger_id
 
     async def one(bookie: str) -> tuple[ReplicaAnswer, bytes | None, str]:
@@ -150,8 +148,7 @@ async def _length_through(bk, md, password: bytes | None, last: int, last_body: 
 
 async def _rewrite(bk, md, mk: bytes, entry_id: int, body: bytes) -> None:
     """Recovery-add the entry to its whole write quorum; at least Qa must store it."""
-    ensemble = md.ensemble_for(entry_id)
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = md.write_set(entry_id)
 
     async def one(bookie: str) -> None:
         c = await bk.client(bookie)

@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable, Generic, TypeVar
 from google.protobuf.message import DecodeError
 
 from pybk.entry import DigestType
+from pybk.ledger import write_set_bookies
 
 from . import metadata_pb2
 from .errors import (BadMetadataError, LedgerExistsError, MetadataError, NoSuchLedgerError,
@@ -92,10 +93,8 @@ class LedgerMetadata:
         return self.fragments[i].bookies
 
     def write_set(self, entry_id: int) -> list[str]:
-        """The Qw bookies entry_id is written to: from index entry_id % E of its ensemble, wrapping."""
-        ensemble = self.ensemble_for(entry_id)
-        start = entry_id % len(ensemble)
-        return [ensemble[(start + i) % len(ensemble)] for i in range(self.write_quorum)]
+        """The Qw bookies entry_id is written to, by the striping of `pybk.ledger.write_set`."""
+        return write_set_bookies(entry_id, self.ensemble_for(entry_id), self.write_quorum)
 
     @property
     def current_ensemble(self) -> list[str]:
@@ -105,18 +104,6 @@ class LedgerMetadata:
     def bookies(self) -> set[str]:
         """Every bookie any fragment references."""
         return {b for f in self.fragments for b in f.bookies}
-
-    def fragment_ranges(self) -> list[tuple[Fragment, int]]:
-        """Each fragment with its last entry id (inclusive; for the last fragment of a closed
-        ledger its last entry, of an open one -1 meaning "still growing")."""
-        out = []
-        for i, frag in enumerate(self.fragments):
-            if i + 1 < len(self.fragments):
-                last = self.fragments[i + 1].first_entry_id - 1
-            else:
-                last = self.last_entry_id if self.is_closed else -1
-            out.append((frag, last))
-        return out
 
     def replace(self, **changes) -> "LedgerMetadata":
         """A copy with fields changed (the version is kept, so a CAS of it checks the original)."""

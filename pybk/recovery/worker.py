@@ -20,8 +20,10 @@ import random
 import time
 from typing import Iterable, Sequence
 
-from pybk import entry
+from pybk import entry, ledger
 from pybk.bookie.client import BookieError, Status
+from pybk.client.errors import NotEnoughBookiesError
+from pybk.client.placement import replace_bookies
 from pybk.meta import NoSuchLedgerError, VersionConflictError
 from pybk.meta.ledgers import Change, LedgerMetadata, Unchanged
 
@@ -120,7 +122,7 @@ class ReplicationWorker:
             self._failures[marker.ledger_id] = failures
             delay = min(30.0, self.options.poll_interval * 2 ** min(failures, 8))
             log.warning("ledger %d: %s; retrying in %.1fs", marker.ledger_id, exc, delay,
-                        exc_info=not isinstance(exc, (ReplicationFailed, plan.NoReplacementError, BookieUnavailable)))
+                        exc_info=not isinstance(exc, (ReplicationFailed, NotEnoughBookiesError, BookieUnavailable)))
             self._retry_after[marker.ledger_id] = time.monotonic() + delay
             self.errors[marker.ledger_id] = str(exc) or type(exc).__name__
             return False
@@ -169,7 +171,7 @@ class ReplicationWorker:
             waiting = False
             bad = {b for b in plan.ledger_bookies(md.fragments) if b not in alive or b in draining}
             suspects = (marked & set(writable)) - draining
-            ranges = plan.fragment_ranges(md.fragments, md.last_entry_id)
+            ranges = ledger.fragment_ranges(md.fragments, md.last_entry_id)
             restart = False
             for fi, frag in enumerate(md.fragments):
                 last_open = fi == len(md.fragments) - 1 and not md.is_closed
@@ -193,9 +195,9 @@ class ReplicationWorker:
                     await self._fill_in_place(md, frag, first, last, b, bad, mkey, password, alive)
                 if frag_bad:
                     b = frag_bad[0]
-                    target = plan.choose_replacement(frag.bookies, b, zones, exclude=bad | draining)
                     index = frag.bookies.index(b)
-                    wanted = list(plan.expected_entries(index, first, last, md.ensemble_size, md.write_quorum))
+                    target = replace_bookies(zones, frag.bookies, [index], exclude=bad | draining)[index]
+                    wanted = list(ledger.expected_entries(index, first, last, md.ensemble_size, md.write_quorum))
                     await self._copy(md, frag.bookies, index, wanted, target, bad - alive, mkey, password)
                     md = await self._swap(md, fi, frag.first_entry_id, b, target)
                     restart = True
@@ -369,8 +371,7 @@ class ReplicationWorker:
     async def _copy_one(self, md, ensemble: Sequence[str], eid: int, dst, target: str,
                         unavailable: set[str], mkey: bytes, password: bytes | None) -> None:
         """Slow path for one entry: try every surviving member of its write set in turn."""
-        for i in plan.write_set(eid, md.ensemble_size, md.write_quorum):
-            source = ensemble[i]
+        for source in ledger.write_set_bookies(eid, ensemble, md.write_quorum):
             if source in unavailable or source == target:
                 continue
             try:

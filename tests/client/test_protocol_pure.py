@@ -1,5 +1,6 @@
-"""The protocol's pure decisions: write sets, ordered acks, fencing coverage, recovery reads,
-placement, the close-conflict rule and the read limit, with no server."""
+"""The protocol's pure decisions: write quorums, ordered acks, fencing coverage, recovery reads,
+placement, the close-conflict rule and the read limit, with no server (write sets:
+test_ledger_geometry)."""
 from __future__ import annotations
 
 import itertools
@@ -11,17 +12,14 @@ from pybk.client.close import CloseOutcome, after_close_conflict, close_at
 from pybk.client.errors import NoSuchEntryError, NotEnoughBookiesError
 from pybk.client.placement import choose_ensemble, replace_bookies
 from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
-                                recovery_read_decision, validate, write_quorums, write_set)
+                                recovery_read_decision, validate, write_quorums)
 from pybk.client.reader import check_range
 from pybk.meta.ledgers import Fragment, LedgerMetadata, LedgerState, Unchanged
 
 F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
 
 
-def test_write_set_starts_at_entry_mod_ensemble_and_wraps():
-    # the seed's example: E=4, Qw=3
-    assert [write_set(4, 3, e) for e in range(6)] == [
-        [0, 1, 2], [1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2], [1, 2, 3]]
+def test_write_quorums_are_the_write_sets_from_each_index():
     assert write_quorums(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
 
 
@@ -106,17 +104,6 @@ def test_not_enough_bookies_says_needed_and_found():
     assert (ei.value.needed, ei.value.found) == (3, 2)
     with pytest.raises(NotEnoughBookiesError, match="needed 1, found 0"):
         replace_bookies({"a": None, "b": None, "c": None}, ["a", "b", "c"], [1])
-
-
-def test_replacement_excludes_ensemble_and_failed_and_prefers_unused_zone():
-    zones = {"a": "z1", "b": "z2", "c": "z3", "d": "z1", "e": "z3", "f": "z2", "g": "z4"}
-    rng = random.Random(3)
-    for _ in range(30):
-        new = replace_bookies(zones, ["a", "b", "c"], [1], exclude={"g"}, rng=rng)
-        assert new[0] == "a" and new[2] == "c"
-        assert new[1] == "f"                               # z2 is the only zone left unused
-    new = replace_bookies(zones, ["a", "b", "c"], [0, 2], exclude={"d"}, rng=rng)
-    assert new[1] == "b" and not {new[0], new[2]} & {"a", "b", "c", "d"}
 
 
 def test_close_conflict_decision():
