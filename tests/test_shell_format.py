@@ -50,12 +50,12 @@ class _Md:
     fragments: list = field(default_factory=list)
 
 
-def test_fragment_ranges_end_where_the_next_begins():
+def test_fragments_json_ends_each_where_the_next_begins():
     md = _Md(_State("CLOSED"), 9, [_Frag(0, ["a", "b"]), _Frag(5, ["a", "c"])])
-    assert shell.fragment_ranges(md) == [{"first_entry_id": 0, "last_entry_id": 4, "bookies": ["a", "b"]},
+    assert shell.fragments_json(md) == [{"first_entry_id": 0, "last_entry_id": 4, "bookies": ["a", "b"]},
                                          {"first_entry_id": 5, "last_entry_id": 9, "bookies": ["a", "c"]}]
     md.state = _State("OPEN")
-    assert shell.fragment_ranges(md)[-1]["last_entry_id"] is None
+    assert shell.fragments_json(md)[-1]["last_entry_id"] is None
 
 
 def test_metadata_uri_precedence(tmp_path):

@@ -3,7 +3,8 @@ cluster (etcd + 3 bookie processes, fsync on) or an existing one (`--metadata-ur
 
 Measures entries/s, MB/s and add latency p50/p99/p999 at each window (adds in flight; default
 256 and 1), and with `--peer-nats` runs NATS JetStream R3 (fsync always) in the same run with
-the same sizes and windows (`../shared/bench/peer_nats.py`; `pip install 'pybk[bench]'`).
+the same sizes and windows (a driver script, `PEER_NATS`, that is not yet part of this
+repository; `pip install 'pybk[bench]'`).
 Prints the exact command.
 """
 from __future__ import annotations

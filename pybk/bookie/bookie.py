@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from pybk.entry import HEADER, HEADER_SIZE
+from pybk.ledger import entry_ranges
 from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
@@ -24,7 +25,7 @@ from .index import Index
 from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, read_mark,
                       replay, write_mark)
 from .metrics import Metrics
-from .state import LedgerState, check_key, entry_ranges
+from .state import LedgerState, check_key
 from .writecache import WriteCache
 
 log = logging.getLogger("pybk.bookie")

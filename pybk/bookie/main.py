@@ -14,10 +14,11 @@ from typing import Any
 from aiohttp import web
 
 import pybk
+from pybk import config
 from pybk.meta import BookieInfo
+from pybk.recovery.options import from_config as recovery_options
 
 from .bookie import Bookie, StorageOptions
-from .config import ConfigError, Option, add_options, parse_bool, parse_size, resolve
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app
@@ -27,65 +28,17 @@ from .service import BookieService, make_server
 
 log = logging.getLogger("pybk.bookie")
 
-OPTIONS: list[Option] = [
-    Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix; without it the bookie runs "
-           "unregistered (no cookie in etcd, no registration)", metavar="URI"),
-    Option("host", "address to listen on and to advertise", "127.0.0.1"),
-    Option("bookie_id", "this bookie's id in the cluster (default host:port)", metavar="ID"),
-    Option("port", "gRPC port of the data plane", 3181, int),
-    Option("http_port", "admin HTTP port (/heartbeat, /metrics, /api/v1/bookie/...)", 8000, int),
-    Option("journal_dir", "journal directory (ideally on its own disk)", required=True, metavar="DIR"),
-    Option("ledger_dir", "ledger directory for entry logs (the first also holds the LMDB index)",
-           repeatable=True, required=True, metavar="DIR"),
-    Option("zone", "failure zone advertised in the registration (placement spreads across zones)", ""),
-    Option("rack", "rack advertised in the registration", ""),
-    Option("high_water_mark", "disk usage fraction at or above which the bookie turns read-only", 0.95, float),
-    Option("low_water_mark", "disk usage fraction below which a disk-read-only bookie is writable again",
-           0.90, float),
-    Option("disk_capacity", "byte budget for this bookie's dirs (e.g. 10GiB); water marks then apply to the "
-           "bytes in its dirs over this budget instead of the whole filesystem; 0 = filesystem", 0, parse_size),
-    Option("disk_check_interval", "seconds between disk usage checks", 1.0, float),
-    Option("journal_group_wait", "seconds the journal writer waits to gather more adds into one fdatasync "
-           "(0 = take whatever is queued)", 0.0, float),
-    Option("journal_group_max_bytes", "most bytes written per journal group commit", "16MiB", parse_size),
-    Option("journal_inline_bytes", "journal group commits up to this size are written and fdatasync'd on the "
-           "event loop instead of a worker thread: lower latency for lone adds (0 = always a thread)",
-           "64KiB", parse_size),
-    Option("journal_max_file_size", "journal files rotate at this size", "256MiB", parse_size),
-    Option("journal_fsync", "fdatasync the journal before acknowledging adds (false only for experiments)",
-           True, parse_bool),
-    Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, float),
-    Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
-    Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "
-           "flight and journal backlog hold more than this", "1GiB", parse_size),
-    Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
-    Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
-    Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
-           "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, float),
-    Option("compaction_threshold", "after garbage collection, rewrite entry logs whose live fraction is "
-           "below this (0 = never)", 0.5, float),
-    Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, int),
-    Option("autorecovery", "also run autorecovery (auditor candidate + replication worker) in this process; "
-           "tune it with PYBK_LOST_BOOKIE_DELAY, PYBK_AUDIT_INTERVAL, PYBK_LEDGER_PASSWORDS, ...", False, parse_bool),
-    Option("log_level", "DEBUG, INFO, WARNING or ERROR", "INFO"),
-]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, OPTIONS)
+    config.add_options(parser, config.BOOKIE)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = resolve(args, OPTIONS)
-    except ConfigError as exc:
+        cfg = config.resolve(args, config.BOOKIE)
+    except config.ConfigError as exc:
         print(f"pybk bookie: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, str(cfg["log_level"]).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not 0 < cfg["low_water_mark"] <= cfg["high_water_mark"]:
-        print("pybk bookie: need 0 < low_water_mark <= high_water_mark", file=sys.stderr)
-        return 2
+    logging.basicConfig(level=cfg["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return asyncio.run(BookieServer(cfg).serve())
@@ -210,7 +163,8 @@ class BookieServer:
         if self.registration:
             from pybk.recovery.embedded import mount
             embedded = mount(app, self.registration.store, self.cfg["metadata_uri"], self.bookie_id,
-                             self.http_endpoint, run=self.cfg["autorecovery"])
+                             self.http_endpoint,
+                             options=recovery_options(self.cfg) if self.cfg["autorecovery"] else None)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.SockSite(runner, http_sock)

@@ -47,13 +47,3 @@ def check_key(state: LedgerState | None, master_key: bytes) -> int:
         return pb.UNAUTHORIZED
     return pb.OK
 
-
-def entry_ranges(ids: list[int]) -> list[tuple[int, int]]:
-    """Sorted entry ids -> inclusive (first, last) ranges."""
-    ranges: list[tuple[int, int]] = []
-    for e in ids:
-        if ranges and e == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], e)
-        elif not ranges or e > ranges[-1][1]:
-            ranges.append((e, e))
-    return ranges

@@ -11,7 +11,8 @@ from .bookkeeper import BookKeeper, ClientOptions
 from .errors import (BKError, BookieUnavailableError, DigestMismatchError, InvalidLedgerConfigError,
                      LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
                      NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError, UnauthorizedError)
-from .handle import LedgerEntry, LedgerHandle
+from .handle import LedgerHandle
+from .types import LedgerEntry
 
 __all__ = ["BookKeeper", "ClientOptions", "DigestType", "LedgerHandle", "LedgerEntry", "BKError",
            "BookieUnavailableError", "DigestMismatchError", "InvalidLedgerConfigError", "LedgerClosedError",

@@ -8,13 +8,16 @@ import weakref
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
+from pybk.bookie.client import BookieClient
 from pybk.entry import DigestType, master_key, password_hash
-from pybk.meta import MetadataStore
+from pybk.meta import LedgerMetadata, MetadataStore
 from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedger
 
 from . import placement, quorum
 from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError,
                      UnauthorizedError)
+from .handle import LedgerHandle
+from .recovery import recover
 
 log = logging.getLogger("pybk.client")
 
@@ -72,10 +75,9 @@ class BookKeeper:
 
     async def create_ledger(self, ensemble: int = 3, write_quorum: int | None = None,
                             ack_quorum: int | None = None, digest: DigestType = DigestType.CRC32C,
-                            password: bytes = b"", metadata: Mapping[str, bytes] | None = None):
+                            password: bytes = b"", metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
         """Create a ledger on `ensemble` bookies chosen by placement; returns its write handle.
         Its metadata keeps the master key (not the password) so autorecovery can repair it."""
-        from .handle import LedgerHandle
         write_quorum = ensemble if write_quorum is None else write_quorum
         ack_quorum = write_quorum if ack_quorum is None else ack_quorum
         try:
@@ -95,18 +97,16 @@ class BookKeeper:
         await lh._connect_ensemble()
         return lh
 
-    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True):
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
         """Open a ledger for reading. With recovery (the default) an open ledger is fenced,
         recovered and closed first; without, the handle tails it up to the LAC."""
-        from .handle import LedgerHandle
-        from .recovery import recover
         md = await self.ledger_metadata(ledger_id)
         if md.password_hash != password_hash(password):
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
-        if recovery and md.state.name != "CLOSED":
+        if recovery and not md.is_closed:
             md = await recover(self, md, password)
         lh = LedgerHandle(self, md, password, writable=False)
-        if md.state.name != "CLOSED":
+        if not md.is_closed:
             try:
                 await lh.read_last_add_confirmed()
             except Exception as e:  # a tailing reader still opens; it learns the LAC later
@@ -125,7 +125,7 @@ class BookKeeper:
         async for lid in self.store.ledgers.list():
             yield lid
 
-    async def ledger_metadata(self, ledger_id: int):
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         """The ledger's current metadata (`pybk.meta.LedgerMetadata`)."""
         try:
             return await self.store.ledgers.get(ledger_id)
@@ -168,7 +168,6 @@ class BookKeeper:
 
     async def client(self, bookie_id: str):
         """The (shared) BookieClient of a bookie; raises BookieUnavailableError."""
-        from pybk.bookie.client import BookieClient
         fut = self._clients.get(bookie_id)
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
             async def connect():

@@ -1,6 +1,14 @@
 """Typed client errors; each message says what happened and to which ledger or bookie."""
 from __future__ import annotations
 
+from pybk.bookie.client import BookieError, Status
+
+
+def status_of(exc: BaseException) -> Status | None:
+    """The status a bookie answered with, if `exc` is a bookie's answer (BookieError); None for
+    any other failure (a timeout, no connection yet)."""
+    return exc.code if isinstance(exc, BookieError) else None
+
 
 class BKError(Exception):
     """Base of every error the ledger client raises."""

@@ -11,26 +11,21 @@ import asyncio
 import logging
 import time
 from functools import partial
-from typing import AsyncIterator, NamedTuple
+from typing import AsyncIterator
 
 from pybk.entry import encode, master_key
-from pybk.meta.errors import VersionConflictError
-from pybk.meta.ledgers import Fragment, LedgerState
+from pybk.meta.ledgers import LedgerMetadata
 
 from . import reader
-from .close import CloseOutcome, after_close_conflict
+from .close import CloseOutcome, close_at
+from .ensemble_change import EnsembleChange, change_ensemble, not_open_error
 from .errors import (BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError,
-                     UnauthorizedError)
-from .placement import replace_bookies
-from .quorum import AckTracker, write_quorums, write_set
+                     UnauthorizedError, status_of)
+from .quorum import AckTracker, write_quorums
+from .reaction import Reaction, reaction
+from .types import LedgerEntry
 
 log = logging.getLogger("pybk.client")
-
-
-class LedgerEntry(NamedTuple):
-    ledger_id: int
-    entry_id: int
-    data: bytes
 
 
 class _Pending:
@@ -44,16 +39,6 @@ class _Pending:
         self.sent_at = sent_at
 
 
-def with_fragment(md, first_entry_id: int, bookies: list[str]):
-    """Metadata with a new last fragment from `first_entry_id` (replacing a last fragment
-    that starts there already, whose entries were never acked)."""
-    frags = list(md.fragments)
-    if frags and frags[-1].first_entry_id == first_entry_id:
-        frags.pop()
-    frags.append(Fragment(first_entry_id, list(bookies)))
-    return md.replace(fragments=frags)
-
-
 class LedgerHandle:
     """A ledger open for writing (from `create_ledger`) or reading (from `open_ledger`)."""
 
@@ -63,13 +48,13 @@ class LedgerHandle:
         self.password = password
         self.master_key = master_key(password)
         self.writable = writable
-        self._closed = md.state.name == "CLOSED"
+        self._closed = md.is_closed
         self._lac = md.last_entry_id if self._closed else -1
         self._error: BKError | None = None
         if writable:
             e, qw, qa = md.ensemble_size, md.write_quorum, md.ack_quorum
             self._tracker = AckTracker(e, qw, qa)
-            self._ws = [write_set(e, qw, i) for i in range(e)]
+            self._ws = write_quorums(e, qw)
             self._pending: list[_Pending] = []
             self._head = 0                         # index of the first live item in _pending
             self._length = 0                       # bytes of the acked entries
@@ -93,7 +78,7 @@ class LedgerHandle:
         return self._md.ledger_id
 
     @property
-    def metadata(self):
+    def metadata(self) -> LedgerMetadata:
         """The ledger metadata as this handle last saw it."""
         return self._md
 
@@ -176,17 +161,17 @@ class LedgerHandle:
             if t.ack(eid, idx) != old:
                 self._complete_acked()
             return
-        code = getattr(getattr(exc, "code", None), "name", None)
-        if code == "FENCED":
+        what = reaction(status_of(exc))
+        if what is Reaction.FENCED:
             self._fail(LedgerFencedError(
                 f"ledger {self.ledger_id} was fenced by a recovery (bookie {bookie} refused entry {eid}); "
                 f"pending adds may or may not be stored: open the ledger to see"))
-        elif code == "UNAUTHORIZED":
+        elif what is Reaction.UNAUTHORIZED:
             self._fail(UnauthorizedError(f"bookie {bookie} refused the master key of ledger {self.ledger_id}"))
-        elif code == "BAD_REQUEST":  # every bookie would refuse it (e.g. too large): no ensemble change helps
+        elif what is Reaction.REFUSED:
             self._fail(BKError(f"bookie {bookie} refused entry {eid} of ledger {self.ledger_id} as a bad "
                                f"request ({getattr(exc, 'message', exc)}); this handle can add no more"))
-        elif code == "TOO_MANY_REQUESTS":
+        elif what is Reaction.RESEND_LATER:
             self._loop.call_later(0.01, self._resend_if_pending, idx, eid)
         else:
             self._bookie_failed(idx, exc)
@@ -262,33 +247,13 @@ class LedgerHandle:
                    for q in write_quorums(md.ensemble_size, md.write_quorum))
 
     async def _change_ensemble(self) -> None:
-        store = self._bk.store
+        """Replace failed bookies (ensemble_change) until none is left or the writer fails; with
+        too few writable bookies, write on degraded while every write quorum keeps Qa."""
         try:
             while self._failed and self._error is None:
-                replace = set(self._failed)
                 try:
-                    writable = await self._bk.writable_bookies()
-                    md = self._md
-                    while True:
-                        current = list(md.fragments[-1].bookies)
-                        try:
-                            new_ens = replace_bookies(writable, current, replace, exclude=self._failed_ids)
-                        except NotEnoughBookiesError:
-                            # a bookie that failed earlier may be back (restarted, or the error was
-                            # transient): better than none; pause so a dead one is not retried hot
-                            await asyncio.sleep(0.5)
-                            writable = await self._bk.writable_bookies()
-                            new_ens = replace_bookies(writable, current, replace)
-                        candidate = with_fragment(md, self._tracker.lac + 1, new_ens)
-                        try:
-                            md = await store.ledgers.cas(candidate)
-                            break
-                        except VersionConflictError as e:
-                            md = e.current if e.current is not None else await store.ledgers.get(self.ledger_id)
-                            if md.state.name != "OPEN":
-                                self._md = md
-                                self._fail(self._not_open_error(md))
-                                return
+                    change = await change_ensemble(self._bk, self._md, self._ensemble, set(self._failed),
+                                                   self._tracker.lac + 1, set(self._failed_ids))
                 except NotEnoughBookiesError as e:
                     if not self._degraded_ok():
                         self._fail(e)
@@ -298,42 +263,11 @@ class LedgerHandle:
                                 self._md.ensemble_size)
                     await asyncio.sleep(1.0)
                     continue
-                new_ens = list(md.fragments[-1].bookies)
-                replace |= {i for i, b in enumerate(new_ens) if b != self._ensemble[i]}
-                new_clients = {}
-                for i in replace:
-                    try:
-                        new_clients[i] = await self._bk.client(new_ens[i])
-                    except Exception as e:
-                        new_clients[i] = None
-                        self._failed_ids.add(new_ens[i])
-                        log.warning("ledger %d: replacement bookie %s unreachable: %s", self.ledger_id, new_ens[i], e)
-                log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id,
-                         md.fragments[-1].first_entry_id, [self._ensemble[i] for i in sorted(replace)],
-                         [new_ens[i] for i in sorted(replace)])
-                self._md = md
-                self._ensemble = list(md.fragments[-1].bookies)
-                for i, c in new_clients.items():
-                    self._clients[i] = c
-                self._tracker.forget(replace)
-                self._failed -= replace
-                now = time.monotonic()
-                first = md.fragments[-1].first_entry_id
-                e_size = md.ensemble_size
-                for eid, body in self._acked_during_change:
-                    if eid >= first:
-                        for idx in self._ws[eid % e_size]:
-                            if idx in replace:
-                                self._send(idx, eid, body)
-                self._acked_during_change = []
-                for p in self._live_pending():
-                    p.sent_at = now
-                    for idx in self._ws[p.entry_id % e_size]:
-                        if idx in replace:
-                            self._send(idx, p.entry_id, p.body)
-                for i, c in new_clients.items():
-                    if c is None:
-                        self._bookie_failed_later(i)
+                self._md = change.metadata
+                if change.not_open is not None:
+                    self._fail(not_open_error(change.metadata))
+                    return
+                self._apply_ensemble_change(change)
         except Exception as e:  # metadata unreachable etc.: the writer cannot safely go on
             log.exception("ledger %d: ensemble change failed", self.ledger_id)
             self._fail(e if isinstance(e, BKError) else BKError(f"ensemble change of ledger {self.ledger_id} failed: {e}"))
@@ -341,13 +275,37 @@ class LedgerHandle:
             self._changing = None
             self._acked_during_change = []
 
+    def _apply_ensemble_change(self, change: EnsembleChange) -> None:
+        """Switch to the stored ensemble and send the new bookies their share of every entry
+        from the new fragment on (acked meanwhile, or still pending)."""
+        md, replace = change.metadata, change.replaced
+        self._ensemble = list(md.current_ensemble)
+        for i, c in change.clients.items():
+            self._clients[i] = c
+            if c is None:
+                self._failed_ids.add(self._ensemble[i])
+        self._tracker.forget(replace)
+        self._failed -= replace
+        now = time.monotonic()
+        first = md.fragments[-1].first_entry_id
+        e_size = md.ensemble_size
+        for eid, body in self._acked_during_change:
+            if eid >= first:
+                for idx in self._ws[eid % e_size]:
+                    if idx in replace:
+                        self._send(idx, eid, body)
+        self._acked_during_change = []
+        for p in self._live_pending():
+            p.sent_at = now
+            for idx in self._ws[p.entry_id % e_size]:
+                if idx in replace:
+                    self._send(idx, p.entry_id, p.body)
+        for i, c in change.clients.items():
+            if c is None:
+                self._bookie_failed_later(i)
+
     def _bookie_failed_later(self, idx: int) -> None:
         self._loop.call_soon(self._bookie_failed, idx, "unreachable replacement")
-
-    def _not_open_error(self, md) -> BKError:
-        if md.state.name == "CLOSED":
-            return LedgerClosedError(f"ledger {self.ledger_id} was closed by someone else at entry {md.last_entry_id}")
-        return LedgerFencedError(f"ledger {self.ledger_id} is being recovered by a reader: this writer is fenced")
 
     async def _watch_timeouts(self) -> None:
         """Replace bookies that leave the oldest pending add unanswered for add_timeout."""
@@ -368,8 +326,8 @@ class LedgerHandle:
     async def close(self) -> None:
         """Close the ledger: wait for pending adds, then CAS it CLOSED at the LAC.
 
-        A lost CAS is decided as DESIGN §2 says: still OPEN -> retry; IN_RECOVERY -> fenced
-        error; CLOSED at our LAC -> done; CLOSED elsewhere -> error."""
+        A lost CAS is decided as DESIGN §2 says (close.after_close_conflict): still OPEN ->
+        retry; IN_RECOVERY -> fenced error; CLOSED at our LAC -> done; CLOSED elsewhere -> error."""
         if self._closed:
             return
         if not self.writable:
@@ -388,29 +346,16 @@ class LedgerHandle:
         if self._watchdog is not None:
             self._watchdog.cancel()
         lac = self._tracker.lac
-        md = self._md
-        while True:
-            candidate = md.replace(state=LedgerState.CLOSED, last_entry_id=lac, length=self._length)
-            try:
-                md = await self._bk.store.ledgers.cas(candidate)
-                break
-            except VersionConflictError as e:
-                md = e.current if e.current is not None else await self._bk.store.ledgers.get(self.ledger_id)
-                outcome = after_close_conflict(md.state.name, md.last_entry_id, lac)
-                if outcome is CloseOutcome.RETRY:
-                    continue
-                self._md = md
-                if outcome is CloseOutcome.SUCCESS:
-                    break
-                self._closed = True
-                if outcome is CloseOutcome.IN_RECOVERY:
-                    raise LedgerFencedError(f"cannot close ledger {self.ledger_id}: a reader is recovering it "
-                                            f"(this writer acked up to entry {lac})") from None
-                raise LedgerClosedError(
-                    f"ledger {self.ledger_id} was closed by someone else at last entry {md.last_entry_id}, "
-                    f"but this writer acked up to entry {lac}") from None
-        self._md = md
+        result = await self._bk.store.ledgers.update(self.ledger_id, close_at(lac, self._length), current=self._md)
+        self._md = result.metadata
         self._closed = True
+        if result.reason is CloseOutcome.IN_RECOVERY:
+            raise LedgerFencedError(f"cannot close ledger {self.ledger_id}: a reader is recovering it "
+                                    f"(this writer acked up to entry {lac})")
+        if result.reason is CloseOutcome.MISMATCH:
+            raise LedgerClosedError(
+                f"ledger {self.ledger_id} was closed by someone else at last entry {result.metadata.last_entry_id}, "
+                f"but this writer acked up to entry {lac}")
         self._lac = lac
 
     def _abandon(self) -> None:
@@ -433,32 +378,53 @@ class LedgerHandle:
 
     # ---- reading ------------------------------------------------------------------------
 
+    def _check_range(self, first: int, last: int) -> None:
+        reader.check_range(self.ledger_id, first, last, self.last_add_confirmed, self._closed)
+
     def read_entries(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Entries first..last (inclusive), in order, digest-verified; last may not pass the LAC."""
-        return reader.read_entries(self, first, last)
+        self._check_range(first, last)
+        return reader.read_entries(self._bk, self._md, self.password, first, last)
 
     async def read_entry(self, entry_id: int) -> bytes:
-        """One entry's payload."""
-        return await reader.read_entry(self, entry_id)
+        """One entry's payload (no range machinery: the lowest-latency read)."""
+        self._check_range(entry_id, entry_id)
+        md = self._md
+        return await reader.read_one(self._bk, md, self.password, entry_id, md.ensemble_for(entry_id))
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the bookies of the last fragment for their LAC; the max of a covering quorum."""
-        return await reader.read_last_add_confirmed(self)
+        if self._closed:
+            return self._md.last_entry_id
+        if self.writable:
+            return self.last_add_confirmed
+        md = await self.refresh_metadata()       # a newer fragment, or the ledger was closed meanwhile
+        if self._closed:
+            return md.last_entry_id
+        return self._learn_lac(await reader.read_lac(self._bk, md))
 
     async def wait_last_add_confirmed(self, previous: int, timeout: float = 10.0) -> int:
         """Long-poll: return as soon as the LAC passes `previous`, or the LAC at `timeout`."""
-        return await reader.wait_last_add_confirmed(self, previous, timeout)
+        if self._closed or self.last_add_confirmed > previous:
+            return self.last_add_confirmed
+        md = await self.refresh_metadata() if not self.writable else self._md
+        if self._closed or self.last_add_confirmed > previous:
+            return self.last_add_confirmed
+        await reader.wait_lac(self._bk, md, previous, timeout, self._learn_lac)
+        return self.last_add_confirmed
 
-    def _learn_lac(self, lac: int) -> None:
+    def _learn_lac(self, lac: int) -> int:
+        """Take a LAC a bookie reported (a reader's only grows); returns the LAC now known."""
         if not self.writable and not self._closed and lac > self._lac:
             self._lac = lac
+        return self.last_add_confirmed
 
-    async def refresh_metadata(self):
+    async def refresh_metadata(self) -> LedgerMetadata:
         """Re-read the metadata (a tailing reader learns here that the ledger was closed)."""
         md = await self._bk.ledger_metadata(self.ledger_id)
         if not self.writable:
             self._md = md
-            if md.state.name == "CLOSED":
+            if md.is_closed:
                 self._closed = True
                 self._lac = md.last_entry_id
         return md

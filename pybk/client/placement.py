@@ -1,12 +1,13 @@
 """Where a ledger's entries go: random among writable bookies, spread across zones.
 
-Pure functions over `{bookie_id: zone}` (zone None or "" when a bookie advertises none).
+Pure functions over `{bookie_id: zone}` (zone None or "" when a bookie advertises none). The
+client places new ensembles and ensemble changes here, and autorecovery its replacements.
 """
 from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from .errors import NotEnoughBookiesError
 
@@ -42,18 +43,25 @@ def choose_ensemble(writable: Mapping[str, str | None], size: int,
     return chosen
 
 
-def replace_bookies(writable: Mapping[str, str | None], ensemble: list[str], replace: Iterable[int],
+def replace_bookies(writable: Mapping[str, str | None], ensemble: Sequence[str], replace: Iterable[int],
                     exclude: Iterable[str] = (), rng: random.Random | None = None) -> list[str]:
-    """A new ensemble with the bookies at indices `replace` swapped for writable bookies
-    that are neither in the ensemble nor excluded (failed), preferring zones the rest of
-    the ensemble uses least."""
+    """A new ensemble with the bookies at indices `replace` swapped for writable bookies that
+    are neither in the ensemble nor in `exclude` (failed, lost or draining bookies).
+
+    Zone rule, the one of BookKeeper's rack-aware replacement: each replacement comes from the
+    zone the rest of the ensemble uses least, so a zone no other member uses when there is one,
+    else the least crowded; random among equals. Bookies that advertise no zone share the zone
+    "", as in `choose_ensemble` (BookKeeper's default rack). The writer's ensemble change and
+    autorecovery both place replacements here, so a ledger is spread the same way whichever of
+    them replaced a bookie. Raises NotEnoughBookiesError when too few candidates are left.
+    """
     rng = rng or random.Random()
     idx = sorted(set(replace))
     banned = set(ensemble) | set(exclude)
     candidates = [b for b in writable if b not in banned]
     if len(candidates) < len(idx):
         raise NotEnoughBookiesError(len(idx), len(candidates),
-                                    f"replacing {len(idx)} of ensemble {ensemble}; "
+                                    f"replacing {len(idx)} of ensemble {list(ensemble)}; "
                                     f"{len(writable)} writable, excluding the ensemble and failed bookies")
     new = list(ensemble)
     kept = [b for i, b in enumerate(ensemble) if i not in idx]

@@ -1,12 +1,15 @@
 """Quorum arithmetic of the replication protocol (DESIGN §2), pure and server-free.
 
-Indices here are positions in a fragment's ensemble (0 .. E-1), never bookie ids.
+Indices here are positions in a fragment's ensemble (0 .. E-1), never bookie ids; which indices
+store an entry (its write set) is `pybk.ledger.write_set`.
 """
 from __future__ import annotations
 
 import enum
 from collections import deque
 from typing import Iterable, Sequence
+
+from pybk.ledger import write_set
 
 
 def validate(ensemble: int, write_quorum: int, ack_quorum: int) -> None:
@@ -16,15 +19,9 @@ def validate(ensemble: int, write_quorum: int, ack_quorum: int) -> None:
                          f"got E={ensemble} Qw={write_quorum} Qa={ack_quorum}")
 
 
-def write_set(ensemble: int, write_quorum: int, entry_id: int) -> list[int]:
-    """Ensemble indices that store entry `entry_id`: Qw of them from `entry_id % E`, wrapping."""
-    start = entry_id % ensemble
-    return [(start + i) % ensemble for i in range(write_quorum)]
-
-
 def write_quorums(ensemble: int, write_quorum: int) -> list[list[int]]:
     """The E distinct write quorums of an ensemble (one per starting index)."""
-    return [write_set(ensemble, write_quorum, i) for i in range(ensemble)]
+    return [write_set(i, ensemble, write_quorum) for i in range(ensemble)]
 
 
 def fencing_complete(ensemble: int, write_quorum: int, ack_quorum: int, answered: Iterable[int]) -> bool:
@@ -108,6 +105,7 @@ class AckTracker:
         lac = self.lac
         acks = self._acks
         pos = entry_id - lac - 1
+        # the last test is pybk.ledger.holds, inlined: this runs for every ack
         if pos < 0 or pos >= len(acks) or (index - entry_id) % self.ensemble >= self.write_quorum:
             return lac
         acks[pos].add(index)

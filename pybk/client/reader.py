@@ -1,19 +1,26 @@
 """Reading a ledger: entries from their replicas (next replica on error or after a short
-speculative delay, digest checked on every read), and the LAC from the bookies."""
+speculative delay, digest checked on every read), and the LAC from the bookies.
+
+Every reader takes the client (`bk`: connections, options), the metadata to read by and the
+password to verify digests with; what a handle may read (its LAC) is the handle's business."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
+from pybk.bookie.client import Status
 from pybk.entry import DigestMismatch, decode
+from pybk.ledger import fragment_pieces, write_set_bookies
+from pybk.meta.ledgers import LedgerMetadata
 
 from .errors import (BKError, BookieUnavailableError, DigestMismatchError, NoSuchEntryError,
-                     UnauthorizedError)
-from .quorum import fencing_complete, write_set
+                     UnauthorizedError, status_of)
+from .quorum import fencing_complete
+from .types import LedgerEntry
 
 if TYPE_CHECKING:
-    from .handle import LedgerEntry, LedgerHandle
+    from .bookkeeper import BookKeeper
 
 log = logging.getLogger("pybk.client")
 
@@ -22,49 +29,39 @@ WINDOW = 64       # per-entry reads in flight (striped ensembles, short ranges, 
 STREAM_MIN = 16   # shorter ranges are read entry by entry (speculative reads, lowest latency)
 
 
-def _code(exc: BaseException) -> str | None:
-    return getattr(getattr(exc, "code", None), "name", None)
+_ABSENT = (Status.NO_ENTRY, Status.NO_LEDGER)   # the bookie answered: it holds no such entry
 
 
-def _fragment_bounds(md, first: int, last: int) -> list[tuple[int, int, list[str]]]:
-    """[(a, b, ensemble)] pieces of first..last, one per fragment."""
-    out = []
-    frags = md.fragments
-    for i, f in enumerate(frags):
-        end = frags[i + 1].first_entry_id - 1 if i + 1 < len(frags) else last
-        a, b = max(first, f.first_entry_id), min(last, end)
-        if a <= b:
-            out.append((a, b, list(f.bookies)))
-    return out
+async def _client(bk: "BookKeeper", bookie: str):
+    return bk.cached_client(bookie) or await bk.client(bookie)
 
 
-def _verify(h: "LedgerHandle", bookie: str, entry_id: int, body: bytes) -> bytes:
-    md = h.metadata
+def _verify(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, entry_id: int,
+            body: bytes) -> bytes:
     try:
-        return decode(body, md.digest_type, h.password, ledger_id=md.ledger_id, entry_id=entry_id)[1]
+        return decode(body, md.digest_type, password, ledger_id=md.ledger_id, entry_id=entry_id)[1]
     except DigestMismatch as e:
-        h._bk.digest_mismatches += 1
+        bk.digest_mismatches += 1
         log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
                     md.ledger_id, entry_id, bookie, e)
         raise
 
 
-async def read_one(h: "LedgerHandle", entry_id: int, ensemble: list[str], avoid: str | None = None) -> bytes:
+async def read_one(bk: "BookKeeper", md: LedgerMetadata, password: bytes, entry_id: int, ensemble: list[str],
+                   avoid: str | None = None) -> bytes:
     """One entry's payload from its write set: the first replica, then the next on an error or
     once `speculative_read_delay` passes without an answer; the first verified copy wins.
     `avoid` (a bookie that just failed) is tried last."""
-    md = h.metadata
-    bk = h._bk
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = write_set_bookies(entry_id, ensemble, md.write_quorum)
     if avoid in replicas:
         replicas.remove(avoid)
         replicas.append(avoid)
 
     async def one(bookie: str) -> bytes:
-        c = bk.cached_client(bookie) or await bk.client(bookie)
+        c = await _client(bk, bookie)
         async with asyncio.timeout(bk.options.read_timeout):
             body = await c.read(md.ledger_id, entry_id)
-        return _verify(h, bookie, entry_id, body)
+        return _verify(bk, md, password, bookie, entry_id, body)
 
     tasks: dict[asyncio.Task, str] = {}
     errors: list[tuple[str, BaseException]] = []
@@ -91,35 +88,36 @@ async def read_one(h: "LedgerHandle", entry_id: int, ensemble: list[str], avoid:
 
 
 def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, BaseException]]):
-    detail = "; ".join(f"{b}: {_code(e) or type(e).__name__} {e}" for b, e in errors)
-    codes = [_code(e) for _, e in errors]
-    if errors and all(c in ("NO_ENTRY", "NO_LEDGER") for c in codes):
+    codes = [status_of(e) for _, e in errors]
+    detail = "; ".join(f"{b}: {c.name if c is not None else type(e).__name__} {e}"
+                       for (b, e), c in zip(errors, codes))
+    if errors and all(c in _ABSENT for c in codes):
         raise NoSuchEntryError(f"entry {entry_id} of ledger {ledger_id} is on none of its replicas ({detail})")
-    if "UNAUTHORIZED" in codes:
+    if Status.UNAUTHORIZED in codes:
         raise UnauthorizedError(f"reading entry {entry_id} of ledger {ledger_id}: {detail}")
     if errors and all(isinstance(e, DigestMismatch) for _, e in errors):
         raise DigestMismatchError(f"entry {entry_id} of ledger {ledger_id} is corrupt on every replica ({detail})")
     raise BookieUnavailableError(f"no replica of entry {entry_id} of ledger {ledger_id} could be read ({detail})")
 
 
-async def _stream_chunk(h: "LedgerHandle", a: int, b: int, bookie: str, step: int = 1) -> list[bytes]:
+async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
+                        step: int = 1) -> list[bytes]:
     """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all); stops
     early, with fewer payloads, on any error or corrupt entry, or when the bookie is slow to
     start answering (the caller then reads the rest from other replicas)."""
-    md = h.metadata
-    opts = h._bk.options
+    opts = bk.options
     out: list[bytes] = []
     stream = None
     count = (b - a) // step + 1
     try:
-        c = h._bk.cached_client(bookie) or await h._bk.client(bookie)
+        c = await _client(bk, bookie)
         stream = c.read_range(md.ledger_id, a, b, step)
         eid, body = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
             while True:
                 if eid != a + len(out) * step:
                     break
-                out.append(_verify(h, bookie, eid, body))
+                out.append(_verify(bk, md, password, bookie, eid, body))
                 if len(out) == count:
                     break
                 eid, body = await stream.__anext__()
@@ -133,69 +131,62 @@ async def _stream_chunk(h: "LedgerHandle", a: int, b: int, bookie: str, step: in
     return out
 
 
-def check_range(h: "LedgerHandle", first: int, last: int) -> None:
-    """Raise NoSuchEntryError unless 0 <= first and last <= what this handle may read."""
+def check_range(ledger_id: int, first: int, last: int, limit: int, closed: bool) -> None:
+    """Raise NoSuchEntryError unless 0 <= first and last <= limit, the last entry a handle may
+    read (the last entry of a closed ledger, else the last add confirmed)."""
     if first < 0:
         raise NoSuchEntryError(f"entry ids start at 0, asked for {first}")
-    limit = h.last_add_confirmed
     if last > limit:
-        what = "last entry" if h.is_closed else "last add confirmed"
-        raise NoSuchEntryError(f"cannot read ledger {h.metadata.ledger_id} up to entry {last}: its {what} is {limit}")
+        what = "last entry" if closed else "last add confirmed"
+        raise NoSuchEntryError(f"cannot read ledger {ledger_id} up to entry {last}: its {what} is {limit}")
 
 
-async def read_entry(h: "LedgerHandle", entry_id: int) -> bytes:
-    """One entry's payload (no range machinery: the lowest-latency read)."""
-    check_range(h, entry_id, entry_id)
-    return await read_one(h, entry_id, h.metadata.ensemble_for(entry_id))
-
-
-async def read_entries(h: "LedgerHandle", first: int, last: int) -> AsyncIterator["LedgerEntry"]:
+async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
+                       last: int) -> AsyncIterator[LedgerEntry]:
     """Entries first..last in order. Whole-copy ensembles (E = Qw) stream ranges from one
     replica per chunk; striped ones stream every bookie's share at once (_read_striped);
     short ranges are read entry by entry, a window at a time."""
-    from .handle import LedgerEntry
-    md = h.metadata
     lid = md.ledger_id
-    check_range(h, first, last)
     chunk_no = 0
-    for a0, b0, ensemble in _fragment_bounds(md, first, last):
+    for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
             a = a0
             while a <= b0:
                 b = min(b0, a + CHUNK - 1)
                 bookie = ensemble[(chunk_no + a) % len(ensemble)]
                 chunk_no += 1
-                got = await _stream_chunk(h, a, b, bookie)
+                got = await _stream_chunk(bk, md, password, a, b, bookie)
                 for i, data in enumerate(got):
                     yield LedgerEntry(lid, a + i, data)
                 a += len(got)
                 if a <= b:  # the rest of this chunk entry by entry, with failover
-                    async for e in _read_each(h, a, b, ensemble, avoid=bookie):
+                    async for e in _read_each(bk, md, password, a, b, ensemble, avoid=bookie):
                         yield e
                     a = b + 1
         elif b0 - a0 >= STREAM_MIN - 1:
-            async for e in _read_striped(h, a0, b0, ensemble):
+            async for e in _read_striped(bk, md, password, a0, b0, ensemble):
                 yield e
         else:
-            async for e in _read_each(h, a0, b0, ensemble):
+            async for e in _read_each(bk, md, password, a0, b0, ensemble):
                 yield e
 
 
-async def _read_striped(h: "LedgerHandle", a0: int, b0: int, ensemble: list[str]) -> AsyncIterator["LedgerEntry"]:
+async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a0: int, b0: int,
+                        ensemble: list[str]) -> AsyncIterator[LedgerEntry]:
     """Entries a0..b0 of one striped fragment (E > Qw). Entry e is stored first on bookie
     e % E, so bookie i streams the entries e = i (mod E) of a chunk (a read with step = E),
     all E bookies at once; the streams are merged in entry order. Whatever a stream did not
     deliver (error, corrupt entry, stall) is read entry by entry from the other replicas."""
-    from .handle import LedgerEntry
-    lid = h.metadata.ledger_id
+    lid = md.ledger_id
     n = len(ensemble)
     a = a0
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = await asyncio.gather(*(_stream_chunk(h, starts[i], b, ensemble[i], n) for i in range(n)))
+        got = await asyncio.gather(*(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n)
+                                     for i in range(n)))
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]
-        rest = _read_each_of(h, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None
+        rest = _read_each_of(bk, md, password, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None
         try:
             for e in range(a, b + 1):
                 i = e % n
@@ -210,25 +201,24 @@ async def _read_striped(h: "LedgerHandle", a0: int, b0: int, ensemble: list[str]
         a = b + 1
 
 
-async def _read_each(h: "LedgerHandle", a: int, b: int, ensemble: list[str],
-                     avoid: str | None = None) -> AsyncIterator["LedgerEntry"]:
-    async for e in _read_each_of(h, range(a, b + 1), ensemble, lambda _: avoid):
+async def _read_each(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, ensemble: list[str],
+                     avoid: str | None = None) -> AsyncIterator[LedgerEntry]:
+    async for e in _read_each_of(bk, md, password, range(a, b + 1), ensemble, lambda _: avoid):
         yield e
 
 
-async def _read_each_of(h: "LedgerHandle", ids: Iterable[int], ensemble: list[str],
-                        avoid: Callable[[int], str | None]) -> AsyncIterator["LedgerEntry"]:
+async def _read_each_of(bk: "BookKeeper", md: LedgerMetadata, password: bytes, ids: Iterable[int],
+                        ensemble: list[str], avoid: Callable[[int], str | None]) -> AsyncIterator[LedgerEntry]:
     """Entries `ids` (ascending) by per-entry reads, WINDOW in flight; `avoid(e)` names a
     bookie to try last for entry e (one that just failed), or None."""
-    from .handle import LedgerEntry
-    lid = h.metadata.ledger_id
+    lid = md.ledger_id
     window: list[tuple[int, asyncio.Task]] = []
     it = iter(ids)
     nxt = next(it, None)
     try:
         while nxt is not None or window:
             while nxt is not None and len(window) < WINDOW:
-                window.append((nxt, asyncio.ensure_future(read_one(h, nxt, ensemble, avoid(nxt)))))
+                window.append((nxt, asyncio.ensure_future(read_one(bk, md, password, nxt, ensemble, avoid(nxt)))))
                 nxt = next(it, None)
             eid, t = window.pop(0)
             yield LedgerEntry(lid, eid, await t)
@@ -237,28 +227,20 @@ async def _read_each_of(h: "LedgerHandle", ids: Iterable[int], ensemble: list[st
             t.cancel()
 
 
-async def read_last_add_confirmed(h: "LedgerHandle") -> int:
+async def read_lac(bk: "BookKeeper", md: LedgerMetadata) -> int:
     """Max LAC from bookies of the last fragment covering every write quorum with Qw - Qa + 1
     answers (so it is at least every LAC a writer acked and piggybacked)."""
-    md = h.metadata
-    if h.is_closed:
-        return md.last_entry_id
-    if h.writable:
-        return h.last_add_confirmed
-    md = await h.refresh_metadata()       # a newer fragment, or the ledger was closed meanwhile
-    if h.is_closed:
-        return md.last_entry_id
     ensemble = list(md.fragments[-1].bookies)
     lid = md.ledger_id
 
     async def one(i: int) -> tuple[int, int]:
-        c = h._bk.cached_client(ensemble[i]) or await h._bk.client(ensemble[i])
+        c = await _client(bk, ensemble[i])
         try:
-            return i, await asyncio.wait_for(c.read_lac(lid), h._bk.options.read_timeout)
+            return i, await asyncio.wait_for(c.read_lac(lid), bk.options.read_timeout)
         except BKError:
             raise
         except Exception as e:
-            if _code(e) in ("NO_LEDGER", "NO_ENTRY"):
+            if status_of(e) in _ABSENT:
                 return i, -1
             raise
 
@@ -274,23 +256,19 @@ async def read_last_add_confirmed(h: "LedgerHandle") -> int:
     if not fencing_complete(md.ensemble_size, md.write_quorum, md.ack_quorum, answers):
         raise BookieUnavailableError(f"ledger {lid}: only {len(answers)} of {len(ensemble)} bookies answered "
                                      f"for the LAC, not enough to cover every write quorum ({'; '.join(errors)})")
-    h._learn_lac(max(answers.values()))
-    return h.last_add_confirmed
+    return max(answers.values())
 
 
-async def wait_last_add_confirmed(h: "LedgerHandle", previous: int, timeout: float) -> int:
-    """Long-poll the bookies of the last fragment; returns the first LAC above `previous`,
-    else (at `timeout`) the best LAC known."""
-    if h.is_closed or h.last_add_confirmed > previous:
-        return h.last_add_confirmed
-    md = await h.refresh_metadata() if not h.writable else h.metadata
-    if h.is_closed or h.last_add_confirmed > previous:
-        return h.last_add_confirmed
+async def wait_lac(bk: "BookKeeper", md: LedgerMetadata, previous: int, timeout: float,
+                   learn: Callable[[int], int]) -> None:
+    """Long-poll the bookies of the last fragment for a LAC above `previous`. Each LAC a bookie
+    reports goes to `learn`, which returns the best LAC known (`learn(-1)` only asks: a LAC
+    never falls); stop once that is above `previous` or at `timeout`. BookieUnavailableError
+    if it is not and no bookie answered."""
     lid = md.ledger_id
-    bk = h._bk
 
     async def one(bookie: str) -> int:
-        c = bk.cached_client(bookie) or await bk.client(bookie)
+        c = await _client(bk, bookie)
         return await c.wait_lac(lid, previous, timeout)
 
     tasks = [asyncio.ensure_future(one(b)) for b in md.fragments[-1].bookies]
@@ -302,10 +280,10 @@ async def wait_last_add_confirmed(h: "LedgerHandle", previous: int, timeout: flo
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
                     if t.exception() is None:
-                        h._learn_lac(t.result())
-                    elif _code(t.exception()) not in ("NO_LEDGER", "NO_ENTRY"):
+                        learn(t.result())
+                    elif status_of(t.exception()) not in _ABSENT:
                         errors.append(str(t.exception()))
-                if h.last_add_confirmed > previous:
+                if learn(-1) > previous:
                     break
     except TimeoutError:
         pass
@@ -315,7 +293,6 @@ async def wait_last_add_confirmed(h: "LedgerHandle", previous: int, timeout: flo
                 t.cancel()
             elif not t.cancelled():
                 t.exception()
-    if h.last_add_confirmed <= previous and len(errors) == len(tasks):
+    if learn(-1) <= previous and len(errors) == len(tasks):
         raise BookieUnavailableError(f"ledger {lid}: no bookie of {md.fragments[-1].bookies} answered the "
                                      f"LAC long-poll ({'; '.join(errors)})")
-    return h.last_add_confirmed

@@ -18,32 +18,34 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pybk.bookie.client import Status
 from pybk.entry import DigestMismatch, DigestType, decode, parse_header
 from pybk.entry import master_key as make_master_key
-from pybk.meta.errors import VersionConflictError
-from pybk.meta.ledgers import LedgerState
+from pybk.meta.ledgers import Change, LedgerMetadata, LedgerState, Unchanged
 
-from .errors import LedgerRecoveryError, UnauthorizedError
-from .quorum import (RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision,
-                     write_set)
+from .errors import LedgerRecoveryError, UnauthorizedError, status_of
+from .quorum import RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision
 
 log = logging.getLogger("pybk.client")
 
 
-def _code(exc: BaseException) -> str | None:
-    return getattr(getattr(exc, "code", None), "name", None)
+def to_recovery(md: LedgerMetadata) -> LedgerMetadata | Unchanged[LedgerState]:
+    """Step 1 as a metadata change: an OPEN ledger goes IN_RECOVERY; one already IN_RECOVERY
+    (another recovery started) or CLOSED stays as it is."""
+    if md.state is LedgerState.OPEN:
+        return md.replace(state=LedgerState.IN_RECOVERY)
+    return Unchanged(md.state)
 
 
-async def _cas_loop(store, md, change):
-    """Apply `change(md) -> md | None` by CAS until it sticks or `change` says stop (None)."""
-    while True:
-        new = change(md)
-        if new is None:
-            return md
-        try:
-            return await store.ledgers.cas(new)
-        except VersionConflictError as e:
-            md = e.current if e.current is not None else await store.ledgers.get(md.ledger_id)
+def close_recovered(last_entry: int, length: int | None) -> Change[LedgerState]:
+    """Step 4 as a metadata change: CLOSED at `last_entry` with `length` (None: keep the stored
+    length); a ledger another recovery closed first stays as it is."""
+    def change(md: LedgerMetadata) -> LedgerMetadata | Unchanged[LedgerState]:
+        if md.is_closed:
+            return Unchanged(md.state)
+        return md.replace(state=LedgerState.CLOSED, last_entry_id=last_entry,
+                          length=md.length if length is None else length)
+    return change
 
 
 async def _fence(bk, md, mk: bytes) -> int:
@@ -56,7 +58,7 @@ async def _fence(bk, md, mk: bytes) -> int:
         try:
             return i, await c.fence(lid, mk)
         except Exception as e:
-            if _code(e) == "NO_LEDGER":  # never saw an entry; it is fenced now all the same
+            if status_of(e) is Status.NO_LEDGER:  # never saw an entry; it is fenced now all the same
                 return i, -1
             raise
 
@@ -69,7 +71,7 @@ async def _fence(bk, md, mk: bytes) -> int:
                 try:
                     i, lac = await fut
                 except Exception as e:
-                    if _code(e) == "UNAUTHORIZED":
+                    if status_of(e) is Status.UNAUTHORIZED:
                         raise UnauthorizedError(f"bookie refused to fence ledger {lid}: wrong password ({e})")
                     errors.append(str(e))
                     continue
@@ -90,8 +92,7 @@ async def _fence(bk, md, mk: bytes) -> int:
 async def _recovery_read(bk, md, password: bytes | None,
                          entry_id: int) -> tuple[RecoveryDecision, bytes | None, str]:
     """Ask the entry's whole write quorum; decide as soon as the answers allow."""
-    ensemble = md.ensemble_for(entry_id)
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = md.write_set(entry_id)
     lid = md.ledger_id
 
     async def one(bookie: str) -> tuple[ReplicaAnswer, bytes | None, str]:
@@ -99,8 +100,9 @@ async def _recovery_read(bk, md, password: bytes | None,
             c = await bk.client(bookie)
             body = await asyncio.wait_for(c.read(lid, entry_id), bk.options.read_timeout)
         except Exception as e:
-            if _code(e) in ("NO_ENTRY", "NO_LEDGER"):
-                return ReplicaAnswer.MISSING, None, f"{bookie}: {_code(e)}"
+            status = status_of(e)
+            if status in (Status.NO_ENTRY, Status.NO_LEDGER):
+                return ReplicaAnswer.MISSING, None, f"{bookie}: {status.name}"
             return ReplicaAnswer.ERROR, None, f"{bookie}: {e}"
         try:
             decode(body, md.digest_type, password or b"", ledger_id=lid, entry_id=entry_id,
@@ -146,8 +148,7 @@ async def _length_through(bk, md, password: bytes | None, last: int, last_body: 
 
 async def _rewrite(bk, md, mk: bytes, entry_id: int, body: bytes) -> None:
     """Recovery-add the entry to its whole write quorum; at least Qa must store it."""
-    ensemble = md.ensemble_for(entry_id)
-    replicas = [ensemble[i] for i in write_set(md.ensemble_size, md.write_quorum, entry_id)]
+    replicas = md.write_set(entry_id)
 
     async def one(bookie: str) -> None:
         c = await bk.client(bookie)
@@ -167,7 +168,7 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
 
     With password None (autorecovery without it), bookies get `master_key` (default: the one
     stored in md) and MAC digests are not verified; UnauthorizedError if no key is stored."""
-    store = bk.store
+    ledgers = bk.store.ledgers
     lid = md.ledger_id
     mk = master_key
     if mk is None:
@@ -175,11 +176,8 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
     if not mk:
         raise UnauthorizedError(f"ledger {lid} stores no master key: recovering it needs its password")
 
-    def to_recovery(m):
-        return m.replace(state=LedgerState.IN_RECOVERY) if m.state is LedgerState.OPEN else None
-
-    md = await _cas_loop(store, md, to_recovery)
-    if md.state.name == "CLOSED":
+    md = (await ledgers.update(lid, to_recovery, current=md)).metadata
+    if md.is_closed:
         return md
     lac = await _fence(bk, md, mk)
     last_fragment_first = md.fragments[-1].first_entry_id
@@ -200,13 +198,8 @@ async def recover(bk, md, password: bytes | None, master_key: bytes | None = Non
     length = await _length_through(bk, md, password, last, last_body)
     log.info("recovered ledger %d: last entry %d, length %s", lid, last, length)
 
-    def to_closed(m):
-        if m.state.name == "CLOSED":
-            if m.last_entry_id != last:
-                log.warning("ledger %d was closed by another recovery at %d (this one found %d)",
-                            lid, m.last_entry_id, last)
-            return None
-        return m.replace(state=LedgerState.CLOSED, last_entry_id=last,
-                         length=m.length if length is None else length)
-
-    return await _cas_loop(store, md, to_closed)
+    result = await ledgers.update(lid, close_recovered(last, length), current=md)
+    if not result.written and result.metadata.last_entry_id != last:
+        log.warning("ledger %d was closed by another recovery at %d (this one found %d)",
+                    lid, result.metadata.last_entry_id, last)
+    return result.metadata

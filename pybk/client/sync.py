@@ -15,7 +15,7 @@ from typing import Iterator
 from pybk.entry import DigestType
 
 from . import bookkeeper as _bk
-from .handle import LedgerEntry
+from .types import LedgerEntry
 
 
 class LedgerHandle:

@@ -4,7 +4,7 @@ Pure: no I/O, no clock, no memory between calls. A platform observes, calls `pla
 out the actions, and calls again later; every step is chosen again from what is observed,
 so a restart at any point resumes where the cluster is.
 
-Safety rules (DESIGN §8):
+Safety rules (docs/kubernetes.md):
 - scale-down drains the highest ordinal first and shrinks only after its decommission is
   DONE; its volumes go only afterwards, and only with pvcPolicy Delete;
 - never below the largest ensemble of any open ledger (refused with a condition);

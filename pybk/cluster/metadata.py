@@ -3,7 +3,7 @@ cluster's bookies, and the decommission requests the controller asks for.
 
 Everything goes through a `pybk.meta.MetadataStore` (registry, decommission records,
 under-replication markers, ledger metadata) passed in by the platform, `pybk.recovery.decommission`
-to start drains, and the bookies' admin HTTP API for read-only switches and audit triggers.
+to start drains, and the bookies' admin HTTP API to make a bookie writable again.
 """
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .observed import DecommissionPhase, MetadataObservation, Registration
+from pybk.meta.decommission import DONE, FAILED, Decommission
+
+from .observed import BookieObservation, DecommissionPhase, MetadataObservation, Registration
+from .spec import BookieClusterSpec
 
 log = logging.getLogger(__name__)
-
-OPEN_STATES = ("OPEN", "IN_RECOVERY")
 
 
 @dataclass(frozen=True)
@@ -28,22 +29,25 @@ class BookieMetadata:
     http: str | None = None
     in_use: bool | None = None
 
+    def observation(self, ordinal: int, bookie_id: str, **platform: Any) -> BookieObservation:
+        """The controller's view of one bookie slot: what the platform saw of it (`platform`:
+        pod_exists, pod_ready, config_hash, has_volumes, ...) and what etcd says."""
+        return BookieObservation(ordinal=ordinal, bookie_id=bookie_id, registration=self.registration,
+                                 decommission=self.decommission, ledgers_left=self.ledgers_left,
+                                 decommission_message=self.message, in_use=self.in_use, **platform)
 
-def decommission_phase(record: Any) -> tuple[DecommissionPhase, int | None, str]:
-    """Phase, ledgers left and message of a `/decommission/<bookie>` record
-    (`pybk.meta` Decommission: state requested|draining|done|failed, ledgers_remaining, message)."""
+
+def decommission_phase(record: Decommission | None) -> tuple[DecommissionPhase, int | None, str]:
+    """Phase, ledgers left (None when not known yet) and message of a `/decommission/<bookie>`
+    record: requested and draining are in progress; a finished drain has 0 ledgers left."""
     if record is None:
         return DecommissionPhase.NONE, None, ""
-    get = record.get if isinstance(record, dict) else (lambda k, d=None: getattr(record, k, d))
-    state = str(get("state", "") or "")
-    left = get("ledgers_remaining", get("remaining"))
-    left = int(left) if isinstance(left, int) and left >= 0 else None
-    message = str(get("message", "") or get("error", "") or "")
-    if state == "failed" or get("error"):
-        return DecommissionPhase.FAILED, left, message
-    if state == "done" or get("done"):
-        return DecommissionPhase.DONE, 0, message
-    return DecommissionPhase.IN_PROGRESS, left, message
+    left = record.ledgers_remaining if record.ledgers_remaining >= 0 else None
+    if record.state == FAILED:
+        return DecommissionPhase.FAILED, left, record.message
+    if record.state == DONE:
+        return DecommissionPhase.DONE, 0, record.message
+    return DecommissionPhase.IN_PROGRESS, left, record.message
 
 
 async def scan_ledgers(store, watch: set[str]) -> tuple[int, set[str]]:
@@ -51,8 +55,7 @@ async def scan_ledgers(store, watch: set[str]) -> tuple[int, set[str]]:
     closed (0 when none), and which of the bookies in `watch` some fragment still names."""
     largest, used = 0, set()
     async for md in store.ledgers.list_metadata():
-        state = getattr(md.state, "name", str(md.state))
-        if state in OPEN_STATES:
+        if not md.is_closed:
             largest = max(largest, int(md.ensemble_size))
         if watch:
             for fragment in md.fragments:
@@ -60,18 +63,24 @@ async def scan_ledgers(store, watch: set[str]) -> tuple[int, set[str]]:
     return largest, used
 
 
-async def max_open_ensemble(store) -> int:
-    """Largest ensemble size of any ledger that is not closed (0 when there is none)."""
-    return (await scan_ledgers(store, set()))[0]
+def ledger_checks(spec: BookieClusterSpec, replicas: int,
+                  removed_with_volumes: Iterable[str]) -> tuple[bool, list[str]]:
+    """What `observe` must read every ledger for, as (`need_ensemble`, `check_in_use`): the largest
+    open ensemble only while a scale-down is pending (`spec.replicas` below the `replicas` running),
+    and whether removed bookies still holding volumes are named by a ledger only when
+    pvcPolicy Delete would drop those volumes."""
+    return spec.replicas < replicas, list(removed_with_volumes) if spec.pvc_policy == "Delete" else []
 
 
 async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = False,
                   check_in_use: Iterable[str] = ()) -> tuple[MetadataObservation, dict[str, BookieMetadata]]:
     """Registry state and decommission progress of `bookie_ids`, plus cluster-wide counts.
 
-    Every ledger's metadata is read (once) only when needed: for the largest open ensemble when
-    `need_ensemble` (a scale-down is pending), and to tell whether the bookies in `check_in_use`
-    (removed slots whose volumes could go) are still named by a ledger.
+    The bookies returned are `bookie_ids` and every bookie with a decommission record, so a
+    platform also sees the drains of slots it no longer has. Every ledger's metadata is read
+    (once) only when needed: for the largest open ensemble when `need_ensemble` (a scale-down is
+    pending), and to tell whether the bookies in `check_in_use` (removed slots whose volumes could
+    go) are still named by a ledger (see `ledger_checks`).
     """
     registered = await store.registry.all()
     under_replicated = await store.underreplication.count()
@@ -79,16 +88,27 @@ async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = Fal
     watch = set(check_in_use)
     ensemble, used = await scan_ledgers(store, watch) if (need_ensemble or watch) else (0, set())
     bookies: dict[str, BookieMetadata] = {}
-    for bid in bookie_ids:
+    for bid in [*bookie_ids, *drains]:
         state, info = registered.get(bid, (None, None))
-        reg = Registration(state) if state in ("writable", "readonly") else Registration.ABSENT
+        reg = Registration(state) if state is not None else Registration.ABSENT  # all() holds writable|readonly
         phase, left, msg = decommission_phase(drains.get(bid))
         bookies[bid] = BookieMetadata(reg, phase, left, msg, getattr(info, "http", None) or None,
                                       (bid in used) if bid in watch else None)
     return MetadataObservation(under_replicated=under_replicated, max_open_ensemble=ensemble), bookies
 
 
-async def start_decommission(store, bookie_id: str, http: str | None, retry: bool = False) -> None:
+async def drained_away(store, bookie_id: str) -> bool:
+    """True when etcd has no cookie for the bookie and no ledger names it: a drain finished and
+    deleted its cookie, so any data still left on its disks is garbage (the bookie would refuse
+    to start on it)."""
+    from pybk.recovery import decommission
+
+    if await store.cookies.get(bookie_id) is not None:
+        return False
+    return not await decommission.referencing_ledgers(store, bookie_id)
+
+
+async def start_decommission(store, bookie_id: str, retry: bool = False) -> None:
     """Start draining a bookie with `pybk.recovery.decommission.start` (read-only, drain request,
     markers; a failed or finished earlier request is replaced). The elected auditor finishes it.
     A bookie etcd knows nothing about (never registered, no cookie, no ledger) has nothing to
@@ -99,11 +119,9 @@ async def start_decommission(store, bookie_id: str, http: str | None, retry: boo
         await store.decommission.remove(bookie_id)
     try:
         await decommission.start(store, bookie_id)
-    except decommission.DecommissionError as e:
-        if "unknown bookie" not in str(e):
-            raise
+    except decommission.UnknownBookieError as e:
         rec = await store.decommission.request(bookie_id, message="nothing to drain: " + str(e))
-        await store.decommission.update(rec, state="done", ledgers_total=0, ledgers_remaining=0)
+        await store.decommission.update(rec, state=DONE, ledgers_total=0, ledgers_remaining=0)
 
 
 async def clear_decommission(store, bookie_id: str) -> None:
@@ -121,11 +139,6 @@ async def cancel_decommission(store, bookie_id: str, http: str | None) -> None:
     await store.decommission.remove(bookie_id)
     if http:
         await _admin(http, "PUT", "/api/v1/bookie/state/readonly", {"readOnly": False, "readonly": False})
-
-
-async def trigger_audit(http: str) -> bool:
-    """Ask the autorecovery behind a bookie's admin API to audit now; False when it did not answer."""
-    return await _admin(http, "PUT", "/api/v1/autorecovery/trigger_audit", None)
 
 
 async def _admin(http: str, method: str, path: str, body: Any) -> bool:

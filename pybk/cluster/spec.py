@@ -2,7 +2,7 @@
 
 One manifest format serves both platforms: the Kubernetes operator receives it as a custom
 resource, the local runner (`pybk local up -f cluster.yaml`) reads it from a YAML file.
-Fields are DESIGN §8; defaults match the CRD in `crds/bookiecluster.yaml`.
+Fields are described in docs/kubernetes.md; defaults match the CRD in `crds/bookiecluster.yaml`.
 """
 from __future__ import annotations
 

@@ -12,9 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import runner
+from . import control
+from .control import live_children, pid_alive, running_supervisor
+from .datadir import APPLY_JSON, LOCAL_JSON, MANIFEST, read_local_json
+from .errors import LocalClusterError
+from .manifest import load_spec
+from .platform import LocalCluster
 from .process import ChildProcess
-from .runner import LocalClusterError
+from .supervisor import supervise
 
 DEFAULT_DATA_DIR = ".pybk-local"
 
@@ -84,14 +89,14 @@ def run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def _manifest_for_up(args: argparse.Namespace, data_dir: Path) -> Path:
-    stored = data_dir / runner.MANIFEST
+    stored = data_dir / MANIFEST
     if args.file is None:
         if not stored.exists():
             raise LocalClusterError(f"no manifest: pass -f cluster.yaml (see examples/cluster.yaml)")
-        runner.load_spec(stored)
+        load_spec(stored)
         return stored
     src = Path(args.file).resolve()
-    runner.load_spec(src)
+    load_spec(src)
     data_dir.mkdir(parents=True, exist_ok=True)
     if src != stored.resolve():
         shutil.copyfile(src, stored)
@@ -99,25 +104,19 @@ def _manifest_for_up(args: argparse.Namespace, data_dir: Path) -> Path:
 
 
 def _refuse_if_running(data_dir: Path) -> None:
-    pid = runner.running_supervisor(data_dir)
+    pid = running_supervisor(data_dir)
     if pid is not None:
         raise LocalClusterError(f"a local cluster already runs in {data_dir} (pid {pid}); "
                                 f"stop it with `pybk local down --data-dir {data_dir}`")
     try:
-        doc = runner.read_local_json(data_dir)
+        doc = read_local_json(data_dir)
     except LocalClusterError:
         return
-    alive = [str(p) for p in _recorded_pids(doc) if runner.pid_alive(p) and runner.process_mentions(p, str(data_dir))]
+    alive = [str(pid) for _, pid in live_children(doc, data_dir)]
     if alive:
         raise LocalClusterError(f"processes of an earlier local cluster in {data_dir} still run (pids "
                                 f"{', '.join(alive)}); stop them with `pybk local down --data-dir {data_dir}`")
-    (data_dir / runner.LOCAL_JSON).unlink(missing_ok=True)
-
-
-def _recorded_pids(doc: dict[str, Any]) -> list[int]:
-    pids = [b.get("pid") for b in doc.get("bookies", []) + doc.get("autorecovery", [])]
-    pids.append((doc.get("etcd") or {}).get("pid"))
-    return [p for p in pids if p]
+    (data_dir / LOCAL_JSON).unlink(missing_ok=True)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -128,14 +127,14 @@ def _up(args: argparse.Namespace) -> int:
         return _up_detached(args, data_dir, manifest)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = runner.load_spec(manifest)
-    cluster = runner.LocalCluster(spec, data_dir)
+    spec = load_spec(manifest)
+    cluster = LocalCluster(spec, data_dir)
 
     def ready(doc: dict[str, Any]) -> None:
         _print_ready(doc, data_dir, args.output, foreground=not args.detached_child)
 
     try:
-        return runner.supervise(cluster, on_ready=ready)
+        return supervise(cluster, on_ready=ready)
     except (RuntimeError, TimeoutError, OSError) as e:
         hint = ("\n(spec.config options are passed to every bookie as `pybk bookie` flags: "
                 "see `pybk bookie --help` for the valid ones)") if spec.config else ""
@@ -147,13 +146,13 @@ def _up_detached(args: argparse.Namespace, data_dir: Path, manifest: Path) -> in
             "--timeout", str(args.timeout), "--detached-child"]
     supervisor = ChildProcess("pybk local up", argv, data_dir / "local.log").start()
     deadline = time.monotonic() + args.timeout + 30
-    local_json = data_dir / runner.LOCAL_JSON
+    local_json = data_dir / LOCAL_JSON
     while time.monotonic() < deadline:
         if not supervisor.alive():
             raise LocalClusterError(f"the local cluster failed to start (exit code {supervisor.proc.returncode});"
                                     f" last lines of {supervisor.log_path}:\n{supervisor.log_tail(20)}")
         if local_json.exists():
-            _print_ready(runner.read_local_json(data_dir), data_dir, args.output, foreground=False)
+            _print_ready(read_local_json(data_dir), data_dir, args.output, foreground=False)
             return 0
         time.sleep(0.1)
     supervisor.signal(signal.SIGTERM)
@@ -185,7 +184,7 @@ def _print_ready(doc: dict[str, Any], data_dir: Path, output: str, foreground: b
 
 def _down(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
-    stopped = runner.down(data_dir, timeout=args.timeout)
+    stopped = control.down(data_dir, timeout=args.timeout)
     if args.output == "json":
         print(json.dumps({"data_dir": str(data_dir), "stopped": stopped}))
     else:
@@ -195,13 +194,13 @@ def _down(args: argparse.Namespace) -> int:
 
 def status_of(data_dir: Path) -> dict[str, Any]:
     """local.json plus whether each recorded process is alive, and the supervisor's pid."""
-    doc = runner.read_local_json(data_dir)
-    doc["supervisor_pid"] = runner.running_supervisor(data_dir)
-    doc["etcd"]["alive"] = runner.pid_alive(doc["etcd"].get("pid"))
+    doc = read_local_json(data_dir)
+    doc["supervisor_pid"] = running_supervisor(data_dir)
+    doc["etcd"]["alive"] = pid_alive(doc["etcd"].get("pid"))
     for b in doc["bookies"] + doc.setdefault("autorecovery", []):
-        b["alive"] = runner.pid_alive(b.get("pid"))
+        b["alive"] = pid_alive(b.get("pid"))
     try:
-        doc["last_apply"] = json.loads((data_dir / runner.APPLY_JSON).read_text())
+        doc["last_apply"] = json.loads((data_dir / APPLY_JSON).read_text())
     except (OSError, ValueError):
         doc["last_apply"] = None
     return doc
@@ -237,12 +236,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
-    spec = runner.load_spec(args.file)
-    supervisor = runner.running_supervisor(data_dir)
+    spec = load_spec(args.file)
+    supervisor = running_supervisor(data_dir)
     if supervisor is None:
         raise LocalClusterError(f"no local cluster is running in {data_dir}; start one with "
                                 f"`pybk local up -f {args.file} --data-dir {data_dir}`")
-    target = data_dir / runner.MANIFEST
+    target = data_dir / MANIFEST
     tmp = target.with_name(target.name + ".tmp")
     shutil.copyfile(args.file, tmp)
     generation = time.time_ns()
@@ -250,7 +249,7 @@ def _apply(args: argparse.Namespace) -> int:
     os.replace(tmp, target)
     os.kill(supervisor, signal.SIGUSR1)
     deadline = time.monotonic() + args.timeout
-    result_path = data_dir / runner.APPLY_JSON
+    result_path = data_dir / APPLY_JSON
     shown: set[str] = set()
     while time.monotonic() < deadline:
         try:
@@ -267,14 +266,14 @@ def _apply(args: argparse.Namespace) -> int:
             if result.get("done"):
                 if result.get("error"):
                     raise LocalClusterError(result["error"])
-                doc = runner.read_local_json(data_dir)
+                doc = read_local_json(data_dir)
                 if args.output == "json":
                     print(json.dumps(doc, indent=2))
                 else:
                     print(f"applied {args.file}: {len(doc['bookies'])} bookies "
                           f"({', '.join(b['id'] for b in doc['bookies'])})")
                 return 0
-        if runner.running_supervisor(data_dir) is None:
+        if running_supervisor(data_dir) is None:
             raise LocalClusterError(f"the local cluster stopped while applying; see {data_dir / 'local.log'}")
         time.sleep(0.2)
     raise LocalClusterError(f"the change to {spec.replicas} bookies did not finish within {args.timeout:.0f}s; "

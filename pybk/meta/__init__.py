@@ -1,7 +1,7 @@
 """Metadata on etcd: ledger metadata with CAS, id allocation, bookie registry, cookies, markers, election.
 
     store = await MetadataStore.connect("etcd://host:port[,host:port]/prefix[?timeout=5&lease_ttl=10]")
-    store.ledgers           create / get / cas / delete / list / pages / list_metadata / count / watch
+    store.ledgers           create / get / cas / update / delete / list / pages / list_metadata / count / watch
     store.registry          register / set_readonly / unregister / writable / readonly / all / get / watch
     store.cluster           instance_id()
     store.cookies           get / create / update / delete / list / verify (the bookie start-up check)

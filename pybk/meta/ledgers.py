@@ -1,5 +1,6 @@
 """Ledger metadata: the model (every field of DESIGN §2), its compact protobuf encoding and JSON
-view, and the etcd operations on it (create with block id allocation, get, CAS, delete, list, watch).
+view, and the etcd operations on it (create with block id allocation, get, CAS, the one
+read-change-CAS loop every updater uses, delete, list, watch).
 
 Keys: `/<prefix>/ledgers/<20-digit id>` (so key order is id order) and `/<prefix>/ledgers/idgen`
 (the next unallocated id). The metadata version is the key's etcd mod_revision; every change is
@@ -15,11 +16,12 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Generic, TypeVar
 
 from google.protobuf.message import DecodeError
 
 from pybk.entry import DigestType
+from pybk.ledger import write_set_bookies
 
 from . import metadata_pb2
 from .errors import (BadMetadataError, LedgerExistsError, MetadataError, NoSuchLedgerError,
@@ -91,10 +93,8 @@ class LedgerMetadata:
         return self.fragments[i].bookies
 
     def write_set(self, entry_id: int) -> list[str]:
-        """The Qw bookies entry_id is written to: from index entry_id % E of its ensemble, wrapping."""
-        ensemble = self.ensemble_for(entry_id)
-        start = entry_id % len(ensemble)
-        return [ensemble[(start + i) % len(ensemble)] for i in range(self.write_quorum)]
+        """The Qw bookies entry_id is written to, by the striping of `pybk.ledger.write_set`."""
+        return write_set_bookies(entry_id, self.ensemble_for(entry_id), self.write_quorum)
 
     @property
     def current_ensemble(self) -> list[str]:
@@ -104,18 +104,6 @@ class LedgerMetadata:
     def bookies(self) -> set[str]:
         """Every bookie any fragment references."""
         return {b for f in self.fragments for b in f.bookies}
-
-    def fragment_ranges(self) -> list[tuple[Fragment, int]]:
-        """Each fragment with its last entry id (inclusive; for the last fragment of a closed
-        ledger its last entry, of an open one -1 meaning "still growing")."""
-        out = []
-        for i, frag in enumerate(self.fragments):
-            if i + 1 < len(self.fragments):
-                last = self.fragments[i + 1].first_entry_id - 1
-            else:
-                last = self.last_entry_id if self.is_closed else -1
-            out.append((frag, last))
-        return out
 
     def replace(self, **changes) -> "LedgerMetadata":
         """A copy with fields changed (the version is kept, so a CAS of it checks the original)."""
@@ -226,6 +214,38 @@ class LedgerMetadata:
             raise BadMetadataError(f"bad ledger metadata JSON: {exc!r}") from None
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Unchanged(Generic[R]):
+    """What an update's `change` returns to leave the stored metadata as it is; `reason` (of the
+    caller's own type) says why, e.g. the ledger is no longer in the state the change needs."""
+
+    reason: R | None = None
+
+
+@dataclass(frozen=True)
+class UpdateResult(Generic[R]):
+    """How `Ledgers.update` ended: `metadata` as stored now (the version written, or the one
+    `change` declined to change) and `unchanged`, `change`'s answer when it wrote nothing."""
+
+    metadata: LedgerMetadata
+    unchanged: Unchanged[R] | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.unchanged is None
+
+    @property
+    def reason(self) -> R | None:
+        """Why nothing was written (None when something was)."""
+        return self.unchanged.reason if self.unchanged is not None else None
+
+
+Change = Callable[[LedgerMetadata], LedgerMetadata | Unchanged[R]]
+
+
 def ledger_key_suffix(ledger_id: int) -> bytes:
     return b"%020d" % ledger_id
 
@@ -327,6 +347,23 @@ class Ledgers:
             raise NoSuchLedgerError(md.ledger_id)
         current = LedgerMetadata.from_bytes(kvs[0].value, kvs[0].mod_revision, md.ledger_id)
         raise VersionConflictError(f"ledger {md.ledger_id}", md.version, current, current.version)
+
+    async def update(self, ledger_id: int, change: Change[R],
+                     current: LedgerMetadata | None = None) -> UpdateResult[R]:
+        """The one metadata update loop: read the ledger (or start from `current`, the metadata the
+        caller holds, saving a read: a stale copy only costs a conflict), ask `change` what it
+        should become, CAS that; on a version conflict ask `change` again about the metadata that
+        won, until a CAS sticks or `change` returns Unchanged. `change` must be pure: it may run
+        many times. Its exceptions propagate, as does NoSuchLedgerError if the ledger is deleted."""
+        md = current if current is not None else await self.get(ledger_id)
+        while True:
+            new = change(md)
+            if isinstance(new, Unchanged):
+                return UpdateResult(md, new)
+            try:
+                return UpdateResult(await self.cas(new))
+            except VersionConflictError as e:
+                md = e.current if e.current is not None else await self.get(ledger_id)
 
     async def delete(self, ledger_id: int, version: int | None = None) -> None:
         """Delete the ledger's metadata (only if still at `version`, when given)."""

@@ -16,13 +16,13 @@ from typing import Any
 
 import kopf
 
+from pybk import config
 from pybk.cluster import metadata as meta_side
 from pybk.cluster.actions import (CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                                   RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
                                   WaitDecommission)
 from pybk.cluster.controller import plan
-from pybk.cluster.observed import (BookieObservation, DecommissionPhase, MetadataObservation,
-                                   Observed, Registration)
+from pybk.cluster.observed import DecommissionPhase, MetadataObservation, Observed
 from pybk.cluster.spec import GROUP, PLURAL, VERSION, BookieClusterSpec, SpecError
 from pybk.cluster.status import conditions, now_rfc3339, status as build_status
 
@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 RETRY_DELAY = 15.0
 # Timer intervals are fixed when kopf registers the handlers (at import): `pybk operator` sets
 # these variables from its flags before importing this module.
-REFRESH_INTERVAL = float(os.environ.get("PYBK_OPERATOR_REFRESH_INTERVAL", "20"))
-AUDIT_INTERVAL = float(os.environ.get("PYBK_OPERATOR_AUDIT_INTERVAL", "3600"))
+REFRESH_INTERVAL = config.OPERATOR.option("refresh_interval").value_in(os.environ)
+AUDIT_INTERVAL = config.OPERATOR.option("audit_interval").value_in(os.environ)
 METADATA_TIMEOUT = 10.0
 
 
@@ -138,9 +138,9 @@ async def _observe(ctx: OperatorContext, spec: BookieClusterSpec, uri: str | Non
         try:
             store = await ctx.stores.get(uri)
             removed = [ids[o] for o in pvc_ordinals if o >= replicas and o not in pods]
+            need_ensemble, check_in_use = meta_side.ledger_checks(spec, replicas, removed)
             meta_obs, by_id = await asyncio.wait_for(
-                meta_side.observe(store, ids.values(), need_ensemble=spec.replicas < replicas,
-                                  check_in_use=removed if spec.pvc_policy == "Delete" else ()),
+                meta_side.observe(store, ids.values(), need_ensemble=need_ensemble, check_in_use=check_in_use),
                 METADATA_TIMEOUT)
             extra["store"] = store
         except Exception as e:  # noqa: BLE001 - any etcd failure means "metadata unknown"
@@ -151,14 +151,11 @@ async def _observe(ctx: OperatorContext, spec: BookieClusterSpec, uri: str | Non
     for o in sorted(ordinals):
         pod = pods.get(o)
         m = by_id.get(ids[o], meta_side.BookieMetadata())
-        bookies[o] = BookieObservation(
-            ordinal=o, bookie_id=ids[o], pod_exists=pod is not None,
-            pod_ready=pod is not None and _pod_ready(pod),
+        bookies[o] = m.observation(
+            o, ids[o], pod_exists=pod is not None, pod_ready=pod is not None and _pod_ready(pod),
             pod_terminating=bool(pod and pod["metadata"].get("deletionTimestamp")),
-            registration=m.registration if meta_obs else Registration.ABSENT,
             config_hash=((pod or {}).get("metadata", {}).get("annotations") or {}).get(render.CONFIG_HASH),
-            decommission=m.decommission, ledgers_left=m.ledgers_left,
-            decommission_message=m.message, has_volumes=o in pvc_ordinals, in_use=m.in_use)
+            has_volumes=o in pvc_ordinals)
         extra.setdefault("http", {})[ids[o]] = m.http
     annotations = ((sts or {}).get("metadata") or {}).get("annotations") or {}
     applied_hash = annotations.get(render.RESOURCES_HASH)
@@ -207,8 +204,7 @@ async def _execute(ctx: OperatorContext, spec: BookieClusterSpec, uri: str, body
         elif isinstance(a, ScaleStatefulSet):
             await kube.patch("apps/v1", "StatefulSet", spec.name, ns, {"spec": {"replicas": a.replicas}})
         elif isinstance(a, StartDecommission):
-            await meta_side.start_decommission(store, a.bookie_id, extra.get("http", {}).get(a.bookie_id),
-                                               retry=a.retry)
+            await meta_side.start_decommission(store, a.bookie_id, retry=a.retry)
         elif isinstance(a, CancelDecommission):
             await meta_side.cancel_decommission(store, a.bookie_id, extra.get("http", {}).get(a.bookie_id))
         elif isinstance(a, ClearDecommission):

@@ -1,7 +1,8 @@
 """AutoRecovery (auditor and replication worker) and decommission.
 
-- plan.py: the pure decisions (what is missing where, replacements, copy runs, open-ledger grace,
-  drain progress), tested without servers.
+- plan.py: the pure decisions (what is missing where, copy runs, open-ledger grace, drain
+  progress), tested without servers, on the geometry of `pybk.ledger`; replacement bookies are
+  placed by the client's rule (`pybk.client.placement.replace_bookies`).
 - auditor.py: the elected auditor: lost bookies (gone > lost-bookie delay) and the periodic
   ListEntries check mark ledgers under-replicated; reports zone-spreading violations.
 - worker.py: replication workers: lock a marker, copy entries with recovery adds, CAS the fragment.

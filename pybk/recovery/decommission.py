@@ -1,6 +1,6 @@
 """Decommission: drain a bookie so that no ledger references it, then forget its cookie.
 
-Steps (DESIGN §7): make the bookie read-only (its admin API, so it takes no new entries), record
+Steps: make the bookie read-only (its admin API, so it takes no new entries), record
 a drain request (`/<prefix>/decommission/<bookie>`; replication workers treat the bookie as one to
 replace), mark every ledger referencing it under-replicated, wait until none does, delete its
 cookie. The waiting is done by the auditor (`drain_step`, every poll), so a request made with
@@ -28,6 +28,10 @@ ACTIVE = (REQUESTED, DRAINING)  # requests whose bookie replication workers must
 
 class DecommissionError(Exception):
     """A decommission could not start or finish; the message says why."""
+
+
+class UnknownBookieError(DecommissionError):
+    """etcd knows nothing of the bookie (not registered, no cookie, no ledger): nothing to drain."""
 
 
 def http_url(address: str, path: str) -> str:
@@ -59,7 +63,7 @@ async def start(store, bookie_id: str) -> dict:
     cookie = await store.cookies.get(bookie_id)
     ledgers = await referencing_ledgers(store, bookie_id)
     if info is None and cookie is None and not ledgers:
-        raise DecommissionError(f"unknown bookie {bookie_id!r}: not registered, no cookie, no ledger on it")
+        raise UnknownBookieError(f"unknown bookie {bookie_id!r}: not registered, no cookie, no ledger on it")
     largest = 0
     async for md in store.ledgers.list_metadata():
         if plan.referencing(md.fragments, bookie_id):

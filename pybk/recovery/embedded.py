@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from . import http
-from .options import from_env
+from .options import RecoveryOptions
 from .service import AutoRecovery
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,11 @@ class Embedded:
 
 
 def mount(app: web.Application, store, metadata_uri: str, name: str, http_address: str,
-          run: bool = False) -> Embedded:
-    """Add the autorecovery routes to app (before it starts); with run, prepare an AutoRecovery on
-    `store` whose settings come from PYBK_* environment variables (see options.from_env)."""
-    recovery = AutoRecovery(store, metadata_uri, from_env(), name=name, http=http_address) if run else None
+          options: RecoveryOptions | None = None) -> Embedded:
+    """Add the autorecovery routes to app (before it starts); with options, prepare an AutoRecovery
+    on `store` that runs with them."""
+    recovery = None
+    if options is not None:
+        recovery = AutoRecovery(store, metadata_uri, options, name=name, http=http_address)
     http.add_routes(app, store, recovery)
     return Embedded(recovery)

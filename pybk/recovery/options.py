@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+from typing import Any, Mapping
 
 from pybk import entry
 
@@ -34,17 +34,12 @@ class RecoveryOptions:
         return (None, stored_key) if stored_key else None
 
 
-def from_env(environ: dict[str, str] | None = None) -> RecoveryOptions:
-    """Options from PYBK_* environment variables (for autorecovery embedded in a bookie):
-    PYBK_LOST_BOOKIE_DELAY, PYBK_AUDIT_INTERVAL, PYBK_OPEN_LEDGER_GRACE, PYBK_RECOVERY_POLL_INTERVAL,
-    PYBK_REPLICATION_BATCH, PYBK_LEDGER_PASSWORDS (comma-separated)."""
-    env = os.environ if environ is None else environ
-    d = RecoveryOptions()
-    passwords = [b""] + [p.encode() for p in env.get("PYBK_LEDGER_PASSWORDS", "").split(",") if p]
+def from_config(cfg: Mapping[str, Any]) -> RecoveryOptions:
+    """The options of resolved autorecovery settings (`pybk.config.RECOVERY_TUNING`, in
+    `pybk autorecovery` and in `pybk bookie --autorecovery`)."""
+    passwords = [b""] + [p.encode() for p in cfg["ledger_password"] or ()]
     return RecoveryOptions(
-        lost_bookie_delay=float(env.get("PYBK_LOST_BOOKIE_DELAY", d.lost_bookie_delay)),
-        audit_interval=float(env.get("PYBK_AUDIT_INTERVAL", d.audit_interval)),
-        open_ledger_grace=float(env.get("PYBK_OPEN_LEDGER_GRACE", d.open_ledger_grace)),
-        poll_interval=float(env.get("PYBK_RECOVERY_POLL_INTERVAL", d.poll_interval)),
-        batch_entries=int(env.get("PYBK_REPLICATION_BATCH", d.batch_entries)),
-        passwords=tuple(dict.fromkeys(passwords)))
+        lost_bookie_delay=cfg["lost_bookie_delay"], audit_interval=cfg["audit_interval"],
+        open_ledger_grace=cfg["open_ledger_grace"], poll_interval=cfg["poll_interval"],
+        batch_entries=cfg["replication_batch"], parallel_ledgers=cfg["parallel_ledgers"],
+        parallel_runs=cfg["parallel_runs"], passwords=tuple(dict.fromkeys(passwords)))

@@ -1,60 +1,17 @@
 """Pure decisions of autorecovery: what is under-replicated, where to copy it, and when.
 
 No I/O here. The auditor, the replication worker and decommission feed these functions what
-they read from etcd and from the bookies' `ListEntries`, and act on the answers. Fragments are
-any objects with `first_entry_id` and `bookies` (`pybk.meta.Fragment`).
-
-Striping (DESIGN §2): entry `e` of a fragment with ensemble `[b0..bE-1]` is stored on the `Qw`
-bookies starting at index `e % E`, wrapping.
+they read from etcd and from the bookies' `ListEntries`, and act on the answers. The ledger
+geometry they build on (write sets, fragment ranges, entry-id ranges) is `pybk.ledger`, and
+where a replacement goes is `pybk.client.placement.replace_bookies`.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import random
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
-Range = tuple[int, int]  # inclusive entry id range
-
-
-class FragmentLike(Protocol):
-    first_entry_id: int
-    bookies: Sequence[str]
-
-
-class NoReplacementError(Exception):
-    """No writable bookie outside the ensemble can take a lost bookie's place."""
-
-    def __init__(self, ensemble: Sequence[str], candidates: int):
-        self.ensemble = list(ensemble)
-        self.candidates = candidates
-        super().__init__(f"no writable bookie outside the ensemble {list(ensemble)} can replace a lost one "
-                         f"({candidates} writable bookies known); add bookies or wait for one to come back")
-
-
-def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]:
-    """Indices into a fragment's ensemble of the bookies that store entry_id."""
-    return [(entry_id + i) % ensemble_size for i in range(write_quorum)]
-
-
-def holds(index: int, entry_id: int, ensemble_size: int, write_quorum: int) -> bool:
-    """Whether the bookie at `index` of the ensemble is in entry_id's write set."""
-    return (index - entry_id) % ensemble_size < write_quorum
-
-
-def fragment_ranges(fragments: Sequence[FragmentLike], last_entry_id: int) -> list[Range]:
-    """Entry range of each fragment: first..next fragment's first - 1; the last one ends at
-    last_entry_id (the closed ledger's last entry, or the LAC of an open one). A fragment
-    that holds no entry gets an empty range (first, first - 1)."""
-    out: list[Range] = []
-    for i, frag in enumerate(fragments):
-        first = frag.first_entry_id
-        if i + 1 < len(fragments):
-            last = fragments[i + 1].first_entry_id - 1
-        else:
-            last = last_entry_id
-        out.append((first, max(last, first - 1)))
-    return out
+from pybk.ledger import FragmentLike, Range, entry_ranges, expected_entries, fragment_ranges, write_set_bookies
 
 
 def ledger_bookies(fragments: Sequence[FragmentLike]) -> set[str]:
@@ -66,21 +23,6 @@ def fragments_with(fragments: Sequence[FragmentLike], bookies: Iterable[str]) ->
     """Indices of the fragments whose ensemble names any of `bookies`."""
     wanted = set(bookies)
     return [i for i, f in enumerate(fragments) if wanted.intersection(f.bookies)]
-
-
-def expected_entries(index: int, first: int, last: int, ensemble_size: int, write_quorum: int) -> Iterator[int]:
-    """Entry ids in [first, last] that the bookie at `index` of the ensemble should hold."""
-    if write_quorum >= ensemble_size:
-        yield from range(first, last + 1)
-        return
-    residues = sorted((index - k) % ensemble_size for k in range(write_quorum))
-    base = first - first % ensemble_size
-    while base <= last:
-        for r in residues:
-            e = base + r
-            if first <= e <= last:
-                yield e
-        base += ensemble_size
 
 
 def _gaps(held: Sequence[Range], first: int, last: int) -> Iterator[Range]:
@@ -108,17 +50,6 @@ def missing_entries(index: int, first: int, last: int, ensemble_size: int, write
     for a, b in _gaps(held, first, last):
         out.extend(expected_entries(index, a, b, ensemble_size, write_quorum))
     return out
-
-
-def compress(entry_ids: Iterable[int]) -> list[Range]:
-    """Sorted entry ids as inclusive ranges."""
-    out: list[list[int]] = []
-    for e in sorted(entry_ids):
-        if out and out[-1][1] + 1 == e:
-            out[-1][1] = e
-        else:
-            out.append([e, e])
-    return [(a, b) for a, b in out]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,34 +82,8 @@ def fragment_gaps(fragments: Sequence[FragmentLike], ensemble_size: int, write_q
                 continue
             missing = missing_entries(index, first, last, ensemble_size, write_quorum, ranges)
             if missing:
-                gaps.append(FragmentGap(fi, bookie, compress(missing)))
+                gaps.append(FragmentGap(fi, bookie, entry_ranges(missing)))
     return gaps
-
-
-def choose_replacement(ensemble: Sequence[str], lost: str, writable: Mapping[str, str],
-                       exclude: Iterable[str] = (), rng: random.Random | None = None) -> str:
-    """A writable bookie (id -> zone, "" for none) to take `lost`'s place in `ensemble`.
-
-    Never one already in the ensemble or in `exclude` (lost, draining, ...). Zone spreading:
-    prefer the zones least used by the bookies that stay; random among equals.
-    """
-    rng = rng or random.Random()
-    staying = [b for b in ensemble if b != lost]
-    banned = set(ensemble) | set(exclude) | {lost}
-    candidates = [b for b in writable if b not in banned]
-    if not candidates:
-        raise NoReplacementError(ensemble, len(writable))
-    used: dict[str, int] = {}
-    for b in staying:
-        zone = writable.get(b, "")
-        used[zone] = used.get(zone, 0) + 1
-
-    def score(b: str) -> int:
-        zone = writable[b]
-        return used.get(zone, 0) if zone else 0
-
-    best = min(score(b) for b in candidates)
-    return rng.choice(sorted(b for b in candidates if score(b) == best))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +161,7 @@ def copy_runs(index: int, ensemble: Sequence[str], ensemble_size: int, write_quo
     bad = set(unavailable)
     if not self_source:
         bad.add(ensemble[index])
-    by_residue = [[ensemble[i] for i in write_set(r, ensemble_size, write_quorum) if ensemble[i] not in bad]
+    by_residue = [[b for b in write_set_bookies(r, ensemble, write_quorum) if b not in bad]
                   for r in range(ensemble_size)]  # the write set depends only on e % E
     runs: list[CopyRun] = []
     for e in entries:

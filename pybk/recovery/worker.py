@@ -20,9 +20,12 @@ import random
 import time
 from typing import Iterable, Sequence
 
-from pybk import entry
-from pybk.bookie.client import BookieError
-from pybk.meta import LedgerState, NoSuchLedgerError, VersionConflictError
+from pybk import entry, ledger
+from pybk.bookie.client import BookieError, Status
+from pybk.client.errors import NotEnoughBookiesError
+from pybk.client.placement import replace_bookies
+from pybk.meta import NoSuchLedgerError, VersionConflictError
+from pybk.meta.ledgers import Change, LedgerMetadata, Unchanged
 
 from . import decommission, metrics, plan
 from .bookies import BookiePool, BookieUnavailable
@@ -33,6 +36,19 @@ log = logging.getLogger(__name__)
 
 class ReplicationFailed(Exception):
     """This pass could not finish the ledger; the marker stays and a later pass retries."""
+
+
+def swap_bookie(fi: int, first_entry: int, lost: str, target: str) -> Change[None]:
+    """The end of a copy as a metadata change: fragment fi (from first_entry) names target where
+    it named lost. If that fragment changed meanwhile (gone, moved, or lost already replaced)
+    the copy is void and the metadata stays as it is."""
+    def change(md: LedgerMetadata) -> LedgerMetadata | Unchanged[None]:
+        frags = list(md.fragments)
+        if fi >= len(frags) or frags[fi].first_entry_id != first_entry or lost not in frags[fi].bookies:
+            return Unchanged()
+        frags[fi] = dataclasses.replace(frags[fi], bookies=plan.replace_in_fragment(frags[fi].bookies, lost, target))
+        return md.replace(fragments=frags)
+    return change
 
 
 class ReplicationWorker:
@@ -106,7 +122,7 @@ class ReplicationWorker:
             self._failures[marker.ledger_id] = failures
             delay = min(30.0, self.options.poll_interval * 2 ** min(failures, 8))
             log.warning("ledger %d: %s; retrying in %.1fs", marker.ledger_id, exc, delay,
-                        exc_info=not isinstance(exc, (ReplicationFailed, plan.NoReplacementError, BookieUnavailable)))
+                        exc_info=not isinstance(exc, (ReplicationFailed, NotEnoughBookiesError, BookieUnavailable)))
             self._retry_after[marker.ledger_id] = time.monotonic() + delay
             self.errors[marker.ledger_id] = str(exc) or type(exc).__name__
             return False
@@ -155,10 +171,10 @@ class ReplicationWorker:
             waiting = False
             bad = {b for b in plan.ledger_bookies(md.fragments) if b not in alive or b in draining}
             suspects = (marked & set(writable)) - draining
-            ranges = plan.fragment_ranges(md.fragments, md.last_entry_id)
+            ranges = ledger.fragment_ranges(md.fragments, md.last_entry_id)
             restart = False
             for fi, frag in enumerate(md.fragments):
-                last_open = fi == len(md.fragments) - 1 and md.state is not LedgerState.CLOSED
+                last_open = fi == len(md.fragments) - 1 and not md.is_closed
                 frag_bad = [b for b in frag.bookies if b in bad]
                 # an open ledger's last fragment belongs to its writer: only lost bookies count
                 frag_suspect = [] if last_open else [b for b in frag.bookies if b in suspects]
@@ -179,9 +195,9 @@ class ReplicationWorker:
                     await self._fill_in_place(md, frag, first, last, b, bad, mkey, password, alive)
                 if frag_bad:
                     b = frag_bad[0]
-                    target = plan.choose_replacement(frag.bookies, b, zones, exclude=bad | draining)
                     index = frag.bookies.index(b)
-                    wanted = list(plan.expected_entries(index, first, last, md.ensemble_size, md.write_quorum))
+                    target = replace_bookies(zones, frag.bookies, [index], exclude=bad | draining)[index]
+                    wanted = list(ledger.expected_entries(index, first, last, md.ensemble_size, md.write_quorum))
                     await self._copy(md, frag.bookies, index, wanted, target, bad - alive, mkey, password)
                     md = await self._swap(md, fi, frag.first_entry_id, b, target)
                     restart = True
@@ -233,20 +249,13 @@ class ReplicationWorker:
         return await self.store.ledgers.get(md.ledger_id)
 
     async def _swap(self, md, fi: int, first_entry: int, lost: str, target: str):
-        """CAS fragment fi's ensemble from lost to target; returns the new metadata. If the
-        fragment changed meanwhile the copy is void: return the fresh metadata unchanged."""
-        while True:
-            frags = list(md.fragments)
-            if fi >= len(frags) or frags[fi].first_entry_id != first_entry or lost not in frags[fi].bookies:
-                return md
-            frags[fi] = dataclasses.replace(frags[fi], bookies=plan.replace_in_fragment(frags[fi].bookies, lost, target))
-            try:
-                new = await self.store.ledgers.cas(dataclasses.replace(md, fragments=frags))
-                log.info("ledger %d fragment %d (from entry %d): %s replaced by %s",
-                         md.ledger_id, fi, first_entry, lost, target)
-                return new
-            except VersionConflictError:
-                md = await self.store.ledgers.get(md.ledger_id)
+        """Store fragment fi's ensemble with target for lost (swap_bookie); returns the metadata
+        as stored now (unchanged if the fragment changed meanwhile: the copy is then void)."""
+        result = await self.store.ledgers.update(md.ledger_id, swap_bookie(fi, first_entry, lost, target), current=md)
+        if result.written:
+            log.info("ledger %d fragment %d (from entry %d): %s replaced by %s",
+                     md.ledger_id, fi, first_entry, lost, target)
+        return result.metadata
 
     async def _fill_in_place(self, md, frag, first: int, last: int, bookie: str, bad: set[str],
                              mkey: bytes, password: bytes | None, alive: set[str]) -> None:
@@ -257,7 +266,7 @@ class ReplicationWorker:
         try:
             held = await client.list_entries(md.ledger_id)
         except BookieError as exc:
-            if exc.code.name != "NO_LEDGER":
+            if exc.code is not Status.NO_LEDGER:
                 raise ReplicationFailed(f"ListEntries on {bookie}: {exc}") from exc
             held = []
         index = frag.bookies.index(bookie)
@@ -362,8 +371,7 @@ class ReplicationWorker:
     async def _copy_one(self, md, ensemble: Sequence[str], eid: int, dst, target: str,
                         unavailable: set[str], mkey: bytes, password: bytes | None) -> None:
         """Slow path for one entry: try every surviving member of its write set in turn."""
-        for i in plan.write_set(eid, md.ensemble_size, md.write_quorum):
-            source = ensemble[i]
+        for source in ledger.write_set_bookies(eid, ensemble, md.write_quorum):
             if source in unavailable or source == target:
                 continue
             try:

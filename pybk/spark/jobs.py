@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from pybk.shell.format import format_table
+
 
 def reader(spark: Any, uri: str, ledgers: str = "all", password: str = "", **options: Any) -> Any:
     """spark.read.format('pybk') with the common options set."""
@@ -44,16 +46,6 @@ def export_parquet(spark: Any, uri: str, path: str, ledgers: str = "all", passwo
         return rows
     finally:
         df.unpersist()
-
-
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """A plain text table for humans."""
-    cells = [[str(r[c]) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    line = "  ".join(c.rjust(w) for c, w in zip(columns, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
 
 
 def job_session(app_name: str, master: str | None) -> Any:
@@ -105,7 +97,8 @@ def stats_main(argv: Sequence[str] | None = None) -> int:
     if args.output == "json":
         print(json.dumps(rows))
     else:
-        print(format_table(rows, ["ledger_id", "entries", "bytes", "first_entry", "last_entry"]))
+        columns = ["ledger_id", "entries", "bytes", "first_entry", "last_entry"]
+        print(format_table(columns, [[r[c] for c in columns] for r in rows], empty="no entries"))
     return 0
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pybk.bookie.config import ConfigError, parse_size, resolve
-from pybk.bookie.main import OPTIONS, add_arguments
+from pybk.bookie.main import add_arguments
+from pybk.config import BOOKIE, ConfigError, parse_size, resolve
 
 
 def parse(argv):
@@ -21,8 +21,8 @@ def test_flags_override_env_override_yaml_override_defaults(tmp_path):
     cfg_file = tmp_path / "bookie.yaml"
     cfg_file.write_text("journal_dir: /yaml/j\nledger-dir: [/yaml/l1, /yaml/l2]\nport: 4000\nzone: yz\n")
     args = parse(["--config", str(cfg_file), "--port", "5000"])
-    cfg = resolve(args, OPTIONS, environ={"PYBK_ZONE": "envzone", "PYBK_PORT": "4500",
-                                          "PYBK_JOURNAL_FSYNC": "false"})
+    cfg = resolve(args, BOOKIE, environ={"PYBK_ZONE": "envzone", "PYBK_PORT": "4500",
+                                         "PYBK_JOURNAL_FSYNC": "false"})
     assert cfg["port"] == 5000 and cfg["zone"] == "envzone" and cfg["journal_dir"] == "/yaml/j"
     assert cfg["ledger_dir"] == ["/yaml/l1", "/yaml/l2"] and cfg["journal_fsync"] is False
     assert cfg["journal_group_max_bytes"] == 16 * 1024 * 1024 and cfg["http_port"] == 8000
@@ -30,14 +30,14 @@ def test_flags_override_env_override_yaml_override_defaults(tmp_path):
 
 def test_missing_and_bad_settings_name_the_option():
     with pytest.raises(ConfigError, match="journal_dir"):
-        resolve(parse(["--ledger-dir", "/l"]), OPTIONS, environ={})
+        resolve(parse(["--ledger-dir", "/l"]), BOOKIE, environ={})
     with pytest.raises(ConfigError, match="port"):
-        resolve(parse(["--journal-dir", "/j", "--ledger-dir", "/l", "--port", "x"]), OPTIONS, environ={})
+        resolve(parse(["--journal-dir", "/j", "--ledger-dir", "/l", "--port", "x"]), BOOKIE, environ={})
     assert parse_size("64KiB") == 65536 and parse_size("1GB") == 10 ** 9
 
 
 def test_help_explains_every_option():
     out = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
-    for opt in OPTIONS:
+    for opt in BOOKIE.options:
         assert opt.flag in out

@@ -12,7 +12,7 @@ from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.bookie.journal import (Journal, JournalCorruptError, Mark, RecordType, encode_record,
                                  encode_records, journal_files, replay)
-from pybk.bookie.state import LedgerState, entry_ranges
+from pybk.bookie.state import LedgerState
 from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
 
@@ -246,10 +246,9 @@ async def test_long_poll_wakes_on_new_lac(tmp_path):
         await b.close()
 
 
-def test_ledger_state_round_trips_and_ranges():
+def test_ledger_state_round_trips():
     st = LedgerState(master_key=KEY, fenced=True, lac=5, explicit_lac=7)
     assert LedgerState.from_bytes(st.to_bytes()) == st
-    assert entry_ranges([0, 1, 2, 5, 6, 9]) == [(0, 2), (5, 6), (9, 9)]
 
 
 async def test_interleaved_ledgers_with_a_refused_one_keep_every_lac(tmp_path):

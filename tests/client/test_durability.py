@@ -1,6 +1,6 @@
-"""Randomised durability (issue 4, promise 8): rounds of random pipelined adds (random E/Qw/Qa,
-windows, lengths) with kill -9 of at most Qa - 1 bookies at a time and occasional writer crashes
-(a child writer killed with -9).
+"""Randomised durability: no acknowledged entry is lost, duplicated or changed by bookie or
+writer crashes. Rounds of random pipelined adds (random E/Qw/Qa, windows, lengths) with kill -9
+of at most Qa - 1 bookies at a time and occasional writer crashes (a child writer killed with -9).
 After recovery every acked entry is present, once, in order, with its exact payload; at the
 end every ledger of every round is read again."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The replication protocol's promises (issue 4), each shown on real etcd and real bookie
+"""The replication protocol's promises, each shown on real etcd and real bookie
 processes. Every fault test checks that no acknowledged entry is lost or changed."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, read_all
 
 from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
-from pybk.client.quorum import write_set
+from pybk.ledger import write_set
 from pybk.meta import LedgerState
 
 
@@ -52,7 +52,7 @@ async def test_entry_is_stored_on_the_write_quorum_from_index_entry_mod_ensemble
         ensemble = md.fragments[0].bookies
         want = {b: set() for b in ensemble}
         for e in range(40):
-            for i in write_set(5, 3, e):
+            for i in write_set(e, 5, 3):
                 want[ensemble[i]].add(e)
         assert await _holdings(bk, md) == want
 

@@ -1,5 +1,6 @@
-"""The protocol's pure decisions: write sets, ordered acks, fencing coverage, recovery reads,
-placement and the close-conflict rule, with no server."""
+"""The protocol's pure decisions: write quorums, ordered acks, fencing coverage, recovery reads,
+placement, the close-conflict rule and the read limit, with no server (write sets:
+test_ledger_geometry)."""
 from __future__ import annotations
 
 import itertools
@@ -7,19 +8,18 @@ import random
 
 import pytest
 
-from pybk.client.close import CloseOutcome, after_close_conflict
-from pybk.client.errors import NotEnoughBookiesError
+from pybk.client.close import CloseOutcome, after_close_conflict, close_at
+from pybk.client.errors import NoSuchEntryError, NotEnoughBookiesError
 from pybk.client.placement import choose_ensemble, replace_bookies
 from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
-                                recovery_read_decision, validate, write_quorums, write_set)
+                                recovery_read_decision, validate, write_quorums)
+from pybk.client.reader import check_range
+from pybk.meta.ledgers import Fragment, LedgerMetadata, LedgerState, Unchanged
 
 F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
 
 
-def test_write_set_starts_at_entry_mod_ensemble_and_wraps():
-    # the seed's example: E=4, Qw=3
-    assert [write_set(4, 3, e) for e in range(6)] == [
-        [0, 1, 2], [1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2], [1, 2, 3]]
+def test_write_quorums_are_the_write_sets_from_each_index():
     assert write_quorums(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
 
 
@@ -106,21 +106,37 @@ def test_not_enough_bookies_says_needed_and_found():
         replace_bookies({"a": None, "b": None, "c": None}, ["a", "b", "c"], [1])
 
 
-def test_replacement_excludes_ensemble_and_failed_and_prefers_unused_zone():
-    zones = {"a": "z1", "b": "z2", "c": "z3", "d": "z1", "e": "z3", "f": "z2", "g": "z4"}
-    rng = random.Random(3)
-    for _ in range(30):
-        new = replace_bookies(zones, ["a", "b", "c"], [1], exclude={"g"}, rng=rng)
-        assert new[0] == "a" and new[2] == "c"
-        assert new[1] == "f"                               # z2 is the only zone left unused
-    new = replace_bookies(zones, ["a", "b", "c"], [0, 2], exclude={"d"}, rng=rng)
-    assert new[1] == "b" and not {new[0], new[2]} & {"a", "b", "c", "d"}
-
-
 def test_close_conflict_decision():
-    assert after_close_conflict("OPEN", -1, 5) is CloseOutcome.RETRY
-    assert after_close_conflict("IN_RECOVERY", -1, 5) is CloseOutcome.IN_RECOVERY
-    assert after_close_conflict("CLOSED", 5, 5) is CloseOutcome.SUCCESS
-    assert after_close_conflict("CLOSED", 6, 5) is CloseOutcome.MISMATCH
+    assert after_close_conflict(LedgerState.OPEN, -1, 5) is CloseOutcome.RETRY
+    assert after_close_conflict(LedgerState.IN_RECOVERY, -1, 5) is CloseOutcome.IN_RECOVERY
+    assert after_close_conflict(LedgerState.CLOSED, 5, 5) is CloseOutcome.SUCCESS
+    assert after_close_conflict(LedgerState.CLOSED, 6, 5) is CloseOutcome.MISMATCH
     with pytest.raises(ValueError):
         after_close_conflict("WEIRD", 0, 0)
+
+
+def _ledger(state: LedgerState = LedgerState.OPEN, last_entry_id: int = -1) -> LedgerMetadata:
+    return LedgerMetadata(ledger_id=7, ensemble_size=3, write_quorum=3, ack_quorum=2, state=state,
+                          last_entry_id=last_entry_id, fragments=[Fragment(0, ["a", "b", "c"])], version=4)
+
+
+def test_close_closes_an_open_ledger_at_our_last_entry_and_length():
+    closed = close_at(5, 600)(_ledger())
+    assert closed.state is LedgerState.CLOSED and (closed.last_entry_id, closed.length) == (5, 600)
+    assert closed.version == 4                             # CASed against the version read
+
+
+def test_close_leaves_a_ledger_someone_else_moved_with_the_outcome_as_reason():
+    assert close_at(5, 600)(_ledger(LedgerState.IN_RECOVERY)) == Unchanged(CloseOutcome.IN_RECOVERY)
+    assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 5)) == Unchanged(CloseOutcome.SUCCESS)
+    assert close_at(5, 600)(_ledger(LedgerState.CLOSED, 6)) == Unchanged(CloseOutcome.MISMATCH)
+
+
+def test_a_handle_reads_from_entry_0_up_to_its_limit_and_no_further():
+    check_range(7, 0, 5, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="entry ids start at 0"):
+        check_range(7, -1, 5, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="its last add confirmed is 5"):
+        check_range(7, 0, 6, limit=5, closed=False)
+    with pytest.raises(NoSuchEntryError, match="its last entry is 5"):
+        check_range(7, 0, 6, limit=5, closed=True)

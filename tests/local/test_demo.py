@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from pybk.local import runner
+from pybk.local import control
 
 
 def test_demo_runs_end_to_end_and_stops_its_cluster(tmp_path):
@@ -20,8 +20,8 @@ def test_demo_runs_end_to_end_and_stops_its_cluster(tmp_path):
     stopped = next(line for line in res.stdout.splitlines() if "stopped the local cluster" in line)
     pids = [int(p) for p in re.findall(r"pid (\d+)", stopped)]
     assert len(pids) == 6  # supervisor, etcd, 3 bookies, autorecovery
-    assert [p for p in pids if runner.pid_alive(p)] == []
-    assert runner.running_supervisor(data_dir) is None and not (data_dir / "local.json").exists()
+    assert [p for p in pids if control.pid_alive(p)] == []
+    assert control.running_supervisor(data_dir) is None and not (data_dir / "local.json").exists()
 
 
 def test_demo_without_java_skips_spark_naming_the_package(monkeypatch, tmp_path, capsys):

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pybk.local import runner
+from pybk.local import control
+from pybk.local.datadir import read_local_json
 
 PYBK = [sys.executable, "-m", "pybk.cli"]
 
@@ -93,10 +94,10 @@ async def _check(uri: str, doc: dict, written: dict[int, list[bytes]], gone: str
 def test_apply_scales_up_then_down_draining_the_removed_bookie_first(tmp_path):
     data_dir = tmp_path / "d"
     # the open ledger's last fragment is left to its writer this long before autorecovery takes it
-    with runner.detached(manifest(tmp_path, 3), data_dir, env={"PYBK_OPEN_LEDGER_GRACE": "1"}) as doc:
+    with control.detached(manifest(tmp_path, 3), data_dir, env={"PYBK_OPEN_LEDGER_GRACE": "1"}) as doc:
         up = apply(tmp_path, 4, data_dir)
         assert up.returncode == 0, up.stdout + up.stderr
-        four = runner.read_local_json(data_dir)
+        four = read_local_json(data_dir)
         assert [b["id"] for b in four["bookies"]] == ["bookie-0", "bookie-1", "bookie-2", "bookie-3"]
         uri = doc["metadata_service_uri"]
         written = asyncio.run(_write_ledgers(uri, "bookie-3", four))
@@ -104,9 +105,9 @@ def test_apply_scales_up_then_down_draining_the_removed_bookie_first(tmp_path):
         down = apply(tmp_path, 3, data_dir)
         assert down.returncode == 0, down.stdout + down.stderr
         assert "bookie-3" in down.stdout and "Decommission" in down.stdout
-        three = runner.read_local_json(data_dir)
+        three = read_local_json(data_dir)
         assert [b["id"] for b in three["bookies"]] == ["bookie-0", "bookie-1", "bookie-2"]
-        assert not runner.pid_alive(four["bookies"][3]["pid"])
+        assert not control.pid_alive(four["bookies"][3]["pid"])
         asyncio.run(_check(uri, three, written, "bookie-3"))
 
         again = apply(tmp_path, 4, data_dir)  # the drained ordinal comes back as a fresh bookie
@@ -126,23 +127,23 @@ async def _open_ledger_on_four(uri: str):
 
 def test_apply_below_the_largest_open_ensemble_is_refused(tmp_path):
     data_dir = tmp_path / "d"
-    with runner.detached(manifest(tmp_path, 4), data_dir):
+    with control.detached(manifest(tmp_path, 4), data_dir):
         loop = asyncio.new_event_loop()
         try:
-            bk, lh = loop.run_until_complete(_open_ledger_on_four(runner.read_local_json(data_dir)["metadata_service_uri"]))
+            bk, lh = loop.run_until_complete(_open_ledger_on_four(read_local_json(data_dir)["metadata_service_uri"]))
             res = apply(tmp_path, 3, data_dir)
             loop.run_until_complete(bk.close())
         finally:
             loop.close()
         assert res.returncode == 1
         assert "refusing to scale down to 3 bookies: an open ledger uses an ensemble of 4" in res.stderr
-        assert len(runner.read_local_json(data_dir)["bookies"]) == 4
+        assert len(read_local_json(data_dir)["bookies"]) == 4
         assert "replicas: 4" in (data_dir / "cluster.yaml").read_text()
 
 
 def test_apply_with_changed_config_restarts_bookies_one_at_a_time(tmp_path):
     data_dir = tmp_path / "d"
-    with runner.detached(manifest(tmp_path, 3), data_dir) as before:
+    with control.detached(manifest(tmp_path, 3), data_dir) as before:
         changed = tmp_path / "changed.yaml"
         changed.write_text(manifest(tmp_path, 3).read_text().replace(
             "  autorecovery", '  config: {journal-group-wait: "0.001"}\n  autorecovery'))
@@ -152,9 +153,9 @@ def test_apply_with_changed_config_restarts_bookies_one_at_a_time(tmp_path):
         order = [line.rsplit("restarting bookie ", 1)[1].split()[0] for line in res.stdout.splitlines()
                  if "restarting bookie " in line]
         assert order == ["bookie-2", "bookie-1", "bookie-0"]
-        after = runner.read_local_json(data_dir)
+        after = read_local_json(data_dir)
         for old, new in zip(before["bookies"], after["bookies"]):
-            assert new["pid"] != old["pid"] and not runner.pid_alive(old["pid"])
+            assert new["pid"] != old["pid"] and not control.pid_alive(old["pid"])
             assert (new["grpc"], new["http"]) == (old["grpc"], old["http"])
             cmdline = Path(f"/proc/{new['pid']}/cmdline").read_bytes().split(b"\0")
             assert cmdline[cmdline.index(b"--journal-group-wait") + 1] == b"0.001"
@@ -170,12 +171,12 @@ async def _closed_ledger_on_four(uri: str) -> None:
 
 def test_apply_that_cannot_drain_a_bookie_is_refused_and_keeps_the_cluster(tmp_path):
     data_dir = tmp_path / "d"
-    with runner.detached(manifest(tmp_path, 4), data_dir) as doc:
+    with control.detached(manifest(tmp_path, 4), data_dir) as doc:
         asyncio.run(_closed_ledger_on_four(doc["metadata_service_uri"]))
         res = apply(tmp_path, 3, data_dir)
         assert res.returncode == 1
         assert "cannot drain bookie-3: a ledger on it has an ensemble of 4" in res.stderr
-        after = runner.read_local_json(data_dir)
+        after = read_local_json(data_dir)
         assert [b["pid"] for b in after["bookies"]] == [b["pid"] for b in doc["bookies"]]
-        assert all(runner.pid_alive(b["pid"]) for b in after["bookies"])
+        assert all(control.pid_alive(b["pid"]) for b in after["bookies"])
         assert "replicas: 4" in (data_dir / "cluster.yaml").read_text()

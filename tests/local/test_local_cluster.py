@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pybk.local import runner
+from pybk.local import control
+from pybk.local.datadir import read_local_json
+from pybk.local.slots import port_free
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 PYBK = [sys.executable, "-m", "pybk.cli"]
@@ -35,7 +37,7 @@ def manifest(tmp_path: Path, replicas: int = 3, ensemble: int = 3, config: dict 
 
 
 def _alive(pid: int) -> bool:
-    return runner.pid_alive(pid)
+    return control.pid_alive(pid)
 
 
 async def _bookie_answers(grpc: str) -> str:
@@ -51,7 +53,7 @@ async def _bookie_answers(grpc: str) -> str:
 def cluster(tmp_path_factory):
     """One 3-bookie cluster from examples/cluster.yaml for the read-only checks of this module."""
     data_dir = tmp_path_factory.mktemp("local")
-    with runner.detached(EXAMPLE, data_dir) as doc:
+    with control.detached(EXAMPLE, data_dir) as doc:
         yield data_dir, doc
 
 
@@ -97,9 +99,9 @@ def test_second_up_on_a_running_data_dir_is_refused(cluster):
 
 
 def test_down_stops_every_recorded_process(tmp_path):
-    with runner.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), tmp_path / "d") as doc:
+    with control.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), tmp_path / "d") as doc:
         assert len(doc["autorecovery"]) == 1
-        supervisor = runner.running_supervisor(tmp_path / "d")
+        supervisor = control.running_supervisor(tmp_path / "d")
         res = pybk("local", "down", "--data-dir", tmp_path / "d")
         assert res.returncode == 0, res.stderr
     pids = [doc["etcd"]["pid"], supervisor] + [b["pid"] for b in doc["bookies"] + doc["autorecovery"]]
@@ -117,23 +119,23 @@ def test_ctrl_c_in_the_foreground_stops_everything(tmp_path):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "not ready"
             time.sleep(0.1)
-        doc = runner.read_local_json(data_dir)
+        doc = read_local_json(data_dir)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(120) == 0
         out = proc.stdout.read()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        runner.down(data_dir) if (data_dir / "local.json").exists() else None
+        control.down(data_dir) if (data_dir / "local.json").exists() else None
     assert "local cluster ready" in out and "Ctrl-C" in out
     assert [p for p in [doc["etcd"]["pid"]] + [b["pid"] for b in doc["bookies"]] if _alive(p)] == []
 
 
 def test_restart_keeps_ids_ports_and_data_dirs(tmp_path):
     m = manifest(tmp_path, replicas=1, ensemble=1)
-    with runner.detached(m, tmp_path / "d") as first:
+    with control.detached(m, tmp_path / "d") as first:
         pass
-    with runner.detached(m, tmp_path / "d") as second:
+    with control.detached(m, tmp_path / "d") as second:
         assert second["metadata_service_uri"] == first["metadata_service_uri"]
         strip = lambda d: [{k: v for k, v in b.items() if k != "pid"} for b in d["bookies"]]
         assert strip(second) == strip(first)
@@ -141,7 +143,7 @@ def test_restart_keeps_ids_ports_and_data_dirs(tmp_path):
 
 def test_config_overrides_reach_the_bookie_command_line(tmp_path):
     m = manifest(tmp_path, replicas=1, ensemble=1, config={"journalGroupWait": "0.003"})
-    with runner.detached(m, tmp_path / "d") as doc:
+    with control.detached(m, tmp_path / "d") as doc:
         cmdline = Path(f"/proc/{doc['bookies'][0]['pid']}/cmdline").read_bytes().split(b"\0")
         i = cmdline.index(b"--journal-group-wait")
         assert cmdline[i + 1] == b"0.003"
@@ -161,8 +163,8 @@ def test_down_with_nothing_running_says_so(tmp_path):
 
 def test_down_after_the_supervisor_was_killed_stops_the_orphans(tmp_path):
     data_dir = tmp_path / "d"
-    with runner.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), data_dir) as doc:
-        supervisor = runner.running_supervisor(data_dir)
+    with control.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), data_dir) as doc:
+        supervisor = control.running_supervisor(data_dir)
         os.kill(supervisor, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while _alive(supervisor) and time.monotonic() < deadline:
@@ -182,17 +184,17 @@ def test_a_bookie_that_cannot_start_fails_up_with_its_error_and_leaves_nothing(t
                "--detach", "--timeout", "60")
     assert res.returncode == 1
     assert "bookie-0" in res.stderr and "no-such-option" in res.stderr
-    assert runner.running_supervisor(data_dir) is None and not (data_dir / "local.json").exists()
+    assert control.running_supervisor(data_dir) is None and not (data_dir / "local.json").exists()
     etcd_pid = [line for line in (data_dir / "local.log").read_text().splitlines() if "starting etcd" in line]
     assert etcd_pid  # etcd was started, and stopped again: no etcd answers on the recorded port
     port = json.loads((data_dir / "ports.json").read_text())["etcd"]["client"]
-    assert runner._port_free("127.0.0.1", port)
+    assert port_free("127.0.0.1", port)
 
 
 def _processes_mentioning(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and runner.pid_alive(int(entry.name)) and runner.process_mentions(int(entry.name), text):
+        if entry.name.isdigit() and control.pid_alive(int(entry.name)) and control.process_mentions(int(entry.name), text):
             found.append(int(entry.name))
     return found
 
@@ -214,4 +216,4 @@ def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path):
     while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_mentioning(str(data_dir)) == []
-    assert not (data_dir / "local.json").exists() and runner.running_supervisor(data_dir) is None
+    assert not (data_dir / "local.json").exists() and control.running_supervisor(data_dir) is None

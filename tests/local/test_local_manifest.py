@@ -1,4 +1,4 @@
-"""The local runner reads the same BookieCluster manifest as the operator and passes config through."""
+"""The local platform reads the same BookieCluster manifest as the operator and passes config through."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,20 +6,21 @@ from pathlib import Path
 import pytest
 
 from pybk.cluster.spec import load_manifest
-from pybk.local import runner
+from pybk.local.errors import LocalClusterError
+from pybk.local.manifest import config_flags, load_spec, metadata_prefix
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 
 
 def test_example_manifest_is_three_bookies_with_e3_qw3_qa2():
-    spec = runner.load_spec(EXAMPLE)
+    spec = load_spec(EXAMPLE)
     assert spec.replicas == 3
     ld = spec.ledger_defaults
     assert (ld.ensemble, ld.write_quorum, ld.ack_quorum) == (3, 3, 2)
 
 
 def test_config_overrides_become_bookie_flags():
-    assert runner.config_flags({"journal-group-wait-ms": "2", "diskHighWaterMark": "0.95",
+    assert config_flags({"journal-group-wait-ms": "2", "diskHighWaterMark": "0.95",
                                 "gc_interval_s": "60"}) == [
         "--disk-high-water-mark", "0.95", "--gc-interval-s", "60", "--journal-group-wait-ms", "2"]
 
@@ -27,17 +28,17 @@ def test_config_overrides_become_bookie_flags():
 def test_invalid_manifest_is_refused_naming_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXAMPLE.read_text().replace("replicas: 3", "replicas: 2", 1))
-    with pytest.raises(runner.LocalClusterError, match=r"spec.replicas \(2\) must be >= spec.ledgerDefaults"):
-        runner.load_spec(bad)
+    with pytest.raises(LocalClusterError, match=r"spec.replicas \(2\) must be >= spec.ledgerDefaults"):
+        load_spec(bad)
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
-    with pytest.raises(runner.LocalClusterError, match="cannot read"):
-        runner.load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(LocalClusterError, match="cannot read"):
+        load_spec(tmp_path / "nope.yaml")
 
 
 def test_metadata_prefix_comes_from_the_manifest_uri_path(tmp_path):
     spec = load_manifest(EXAMPLE)
-    assert runner.metadata_prefix(spec) == "pybk"
+    assert metadata_prefix(spec) == "pybk"
     import dataclasses
-    assert runner.metadata_prefix(dataclasses.replace(spec, metadata_service_uri="etcd://x:2379/team/a")) == "team/a"
+    assert metadata_prefix(dataclasses.replace(spec, metadata_service_uri="etcd://x:2379/team/a")) == "team/a"

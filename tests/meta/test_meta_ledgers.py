@@ -6,8 +6,10 @@ import json
 import pytest
 
 from pybk.entry import DigestType
+from pybk.ledger import fragment_ranges
 from pybk.meta import (BadMetadataError, Fragment, LedgerExistsError, LedgerMetadata, LedgerState,
                        NoSuchLedgerError, VersionConflictError)
+from pybk.meta.ledgers import Unchanged
 
 
 def sample() -> LedgerMetadata:
@@ -41,7 +43,7 @@ def test_ensemble_and_write_set_follow_fragments():
     assert md.ensemble_for(0) == md.ensemble_for(49) == ["a:1", "b:1", "c:1"]
     assert md.ensemble_for(50) == md.ensemble_for(10**9) == ["a:1", "d:1", "c:1"]
     assert md.write_set(2) == ["c:1", "a:1"] and md.write_set(52) == ["d:1", "c:1"]
-    assert md.fragment_ranges()[0][1] == 49 and md.fragment_ranges()[1][1] == 99
+    assert fragment_ranges(md.fragments, md.last_entry_id) == [(0, 49), (50, 99)]
     assert md.bookies() == {"a:1", "b:1", "c:1", "d:1"}
 
 
@@ -105,6 +107,70 @@ async def test_two_concurrent_updaters_cas_exactly_one_wins_and_loser_sees_winne
         assert reread == won and reread.custom["writer"] == winners[0].encode()
         assert reread.length == round_no + 1
         seen = {"a": reread, "b": reread}
+
+
+async def test_update_reads_changes_and_stores_when_nobody_interferes(store):
+    md = await store.ledgers.create(["b1", "b2", "b3"], 3, 2)
+    seen = []
+
+    def change(current):
+        seen.append(current)
+        return current.replace(length=current.length + 10)
+
+    result = await store.ledgers.update(md.ledger_id, change)
+    assert result.written and result.reason is None
+    assert seen == [md]                                    # read once, asked once
+    assert result.metadata == await store.ledgers.get(md.ledger_id)
+    assert result.metadata.length == 10 and result.metadata.version > md.version
+
+
+async def test_update_rereads_after_a_conflict_and_asks_change_again_about_the_winner(open_store):
+    mine, other = await open_store(), await open_store()
+    md = await mine.ledgers.create(["b1", "b2", "b3"], 3, 2)
+    winner = await other.ledgers.cas(md.replace(custom={"by": b"other"}))
+    seen = []
+
+    def change(current):
+        seen.append(current)
+        return current.replace(length=current.length + 1)
+
+    result = await mine.ledgers.update(md.ledger_id, change, current=md)   # a stale copy
+    assert seen == [md, winner]
+    assert result.written
+    stored = await mine.ledgers.get(md.ledger_id)
+    assert stored == result.metadata
+    assert stored.custom == {"by": b"other"} and stored.length == 1      # the winner's change is kept
+
+
+async def test_update_gives_up_with_change_reason_and_writes_nothing(open_store):
+    mine, other = await open_store(), await open_store()
+    md = await mine.ledgers.create(["b1", "b2", "b3"], 3, 2)
+    closed = await other.ledgers.cas(md.replace(state=LedgerState.CLOSED, last_entry_id=4))
+
+    def change(current):
+        if current.state is not LedgerState.OPEN:
+            return Unchanged(current.state)
+        return current.replace(length=1)
+
+    result = await mine.ledgers.update(md.ledger_id, change, current=md)
+    assert not result.written and result.reason is LedgerState.CLOSED
+    assert result.metadata == closed == await mine.ledgers.get(md.ledger_id)
+
+
+async def test_update_lets_change_errors_and_a_deleted_ledger_through(store):
+    md = await store.ledgers.create(["b1", "b2", "b3"], 3, 2)
+
+    def refuse(current):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        await store.ledgers.update(md.ledger_id, refuse)
+    assert await store.ledgers.get(md.ledger_id) == md
+    await store.ledgers.delete(md.ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        await store.ledgers.update(md.ledger_id, lambda current: current.replace(length=1))
+    with pytest.raises(NoSuchLedgerError):
+        await store.ledgers.update(md.ledger_id, lambda current: current.replace(length=1), current=md)
 
 
 async def test_four_concurrent_allocators_take_10000_unique_positive_63bit_ids(etcd):

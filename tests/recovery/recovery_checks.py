@@ -6,7 +6,7 @@ import time
 
 from pybk import entry
 from pybk.bookie.client import BookieClient
-from pybk.recovery.plan import compress
+from pybk.ledger import entry_ranges
 
 PASSWORD = b"recovery-test-pw"
 
@@ -68,7 +68,7 @@ async def assert_fully_replicated(store, addresses: dict[str, str], written: dic
                     continue
                 md = await store.ledgers.get(lid)
                 got = 0
-                for a, b in compress(ids):
+                for a, b in entry_ranges(ids):
                     async for e, body in c.read_range(lid, a, b):
                         _, payload = entry.decode(body, md.digest_type, password, ledger_id=lid, entry_id=e)
                         assert payload == payloads[e], f"ledger {lid} entry {e} on {bid} differs"

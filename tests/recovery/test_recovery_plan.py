@@ -1,11 +1,11 @@
 """Autorecovery's pure decisions: what is missing where, where it goes, and when."""
 from __future__ import annotations
 
-import random
 from typing import NamedTuple
 
 import pytest
 
+from pybk.ledger import holds
 from pybk.recovery import plan
 from pybk.recovery.plan import CopyRun, LastFragment
 
@@ -13,19 +13,6 @@ from pybk.recovery.plan import CopyRun, LastFragment
 class Frag(NamedTuple):
     first_entry_id: int
     bookies: list[str]
-
-
-def test_write_set_wraps_from_entry_mod_ensemble():
-    assert plan.write_set(0, 3, 2) == [0, 1]
-    assert plan.write_set(2, 3, 2) == [2, 0]
-    assert plan.write_set(5, 4, 3) == [1, 2, 3]
-    assert all(plan.holds(i, e, 5, 3) == (i in plan.write_set(e, 5, 3)) for i in range(5) for e in range(20))
-
-
-def test_fragment_ranges_end_at_next_first_or_last_entry():
-    frags = [Frag(0, ["a", "b", "c"]), Frag(10, ["a", "b", "d"]), Frag(10, ["a", "e", "d"]), Frag(15, ["x", "b", "d"])]
-    assert plan.fragment_ranges(frags, 20) == [(0, 9), (10, 9), (10, 14), (15, 20)]
-    assert plan.fragment_ranges(frags, -1)[-1] == (15, 14)  # open ledger, nothing in last fragment
 
 
 def test_ledgers_referencing_lost_bookies():
@@ -37,13 +24,6 @@ def test_ledgers_referencing_lost_bookies():
     assert plan.referencing(frags, "d") and not plan.referencing(frags, "z")
 
 
-def test_expected_entries_match_write_sets():
-    for E, Qw in [(3, 3), (3, 2), (5, 2), (4, 3), (1, 1)]:
-        for i in range(E):
-            want = [e for e in range(7, 40) if plan.holds(i, e, E, Qw)]
-            assert list(plan.expected_entries(i, 7, 39, E, Qw)) == want
-
-
 def test_missing_entries_against_list_entries_ranges():
     # E3/Qw2, bookie index 1 holds entries with e%3 in {0, 1}
     assert plan.missing_entries(1, 0, 11, 3, 2, [(0, 1), (3, 4), (6, 7), (9, 10)]) == []
@@ -52,7 +32,6 @@ def test_missing_entries_against_list_entries_ranges():
     # extra entries outside the fragment do not matter
     assert plan.missing_entries(0, 5, 8, 3, 3, [(0, 100)]) == []
     assert plan.missing_entries(0, 5, 8, 3, 3, [(0, 5), (8, 9)]) == [6, 7]
-    assert plan.compress([7, 3, 4, 6, 10]) == [(3, 4), (6, 7), (10, 10)]
 
 
 def test_fragment_gaps_find_a_wiped_bookie_per_fragment():
@@ -64,19 +43,6 @@ def test_fragment_gaps_find_a_wiped_bookie_per_fragment():
     assert plan.fragment_gaps(frags, 3, 3, 19, {**held, "d": None}) == []
     # an open ledger is checked up to its LAC only
     assert plan.fragment_gaps(frags, 3, 3, 9, held) == []
-
-
-def test_replacement_is_outside_the_ensemble_and_spreads_zones():
-    writable = {"a": "z1", "b": "z2", "c": "z1", "d": "z1", "e": "z3"}
-    rng = random.Random(1)
-    for _ in range(20):
-        r = plan.choose_replacement(["a", "b", "x"], "x", writable, rng=rng)
-        assert r == "e"  # z3 is used by no staying bookie
-    assert plan.choose_replacement(["a", "b", "x"], "x", writable, exclude={"e"}, rng=rng) in {"c", "d"}
-    with pytest.raises(plan.NoReplacementError, match="no writable bookie"):
-        plan.choose_replacement(["a", "b", "x"], "x", {"a": "", "b": ""})
-    # no zones: any bookie outside the ensemble
-    assert plan.choose_replacement(["a", "b"], "b", {"a": "", "b": "", "c": ""}) == "c"
 
 
 def test_placement_violations_are_reported_per_fragment():
@@ -95,11 +61,11 @@ def test_copy_runs_read_long_runs_from_surviving_replicas():
     assert all(r.source in {"a", "b"} for r in runs)
     assert sum(r.count for r in runs) == 1000
     # E3/Qw2: lost index 0 holds e%3 in {0, 2}; sources are the other member of each write set
-    want = [e for e in range(12) if plan.holds(0, e, 3, 2)]
+    want = [e for e in range(12) if holds(0, e, 3, 2)]
     runs = plan.copy_runs(0, ens, 3, 2, want)
     for r in runs:
         for e in range(r.first, r.last + 1):
-            assert plan.holds(ens.index(r.source), e, 3, 2)
+            assert holds(ens.index(r.source), e, 3, 2)
     assert sorted(e for r in runs for e in range(r.first, r.last + 1)) == want
     # a second unavailable replica is avoided; none left is an error naming the entry
     runs = plan.copy_runs(0, ens, 3, 3, range(5), unavailable={"b"})

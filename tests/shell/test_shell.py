@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pybk.local import runner
+from pybk.local import control
 from pybk.local.process import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
@@ -49,7 +49,7 @@ async def _write(uri: str) -> dict:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("shell")
-    with runner.detached(EXAMPLE, data_dir) as doc:
+    with control.detached(EXAMPLE, data_dir) as doc:
         yield data_dir, doc
 
 

@@ -1,0 +1,440 @@
+"""Every option of every long-running pybk process, declared once, and the one loader for them.
+
+An `Option` is one setting: its name (also its YAML key), type, default and help; its flag
+(`--name-with-dashes`) and environment variable (`PYBK_NAME`) derive from the name unless declared.
+A `Process` lists the options one command takes; an option several processes take is declared once
+and listed in each (`COMMON` is in every process: an option added there reaches all of them).
+
+From the declarations come the argparse flags (`add_options`), the merge of flag > environment >
+YAML file (`--config`) > default with validation (`resolve`, which also refuses any `PYBK_*`
+variable the process does not know, naming it) and the option reference `docs/options.md`
+(`reference`; regenerate it with `python -m pybk.config`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from pybk.recovery.options import RecoveryOptions
+
+ENV_PREFIX = "PYBK_"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "options.md"
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
+          "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1024 ** 4}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_size(text: str | int) -> int:
+    """'64MiB', '1GB', '4096' -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64KiB, 16MiB, 1GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_bool(text: str | bool) -> bool:
+    """'true'/'yes'/'on'/'1' or 'false'/'no'/'off'/'0' (any case) -> bool."""
+    if isinstance(text, bool):
+        return text
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use true or false)")
+
+
+def parse_log_level(text: str) -> str:
+    """A logging level name, upper-cased."""
+    level = str(text).strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"not a log level: {text!r} (use {', '.join(LOG_LEVELS)})")
+    return level
+
+
+@dataclass(frozen=True)
+class Number:
+    """An integer or real option's type, optionally with a lower bound: `Number(float, 0)`."""
+
+    kind: type
+    minimum: float | None = None
+
+    def __call__(self, value: Any) -> int | float:
+        if isinstance(value, bool):
+            raise ValueError(f"not a number: {value!r}")
+        try:
+            number = self.kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"not {'an integer' if self.kind is int else 'a number'}: {value!r}") from None
+        if self.minimum is not None and number < self.minimum:
+            raise ValueError(f"must be >= {self.minimum:g}, got {value!r}")
+        return number
+
+    def __str__(self) -> str:
+        kind = "integer" if self.kind is int else "number"
+        return kind if self.minimum is None else f"{kind} >= {self.minimum:g}"
+
+
+_TYPE_NAMES: dict[Callable[[Any], Any], str] = {str: "string", parse_size: "size", parse_bool: "boolean",
+                                                 parse_log_level: "log level"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: flag `--name-with-dashes`, environment variable `PYBK_NAME_IN_CAPITALS` (unless
+    `env` names another), YAML key `name` (dashes also accepted). A repeatable option takes its
+    flag several times, a comma-separated variable or a YAML list."""
+
+    name: str
+    help: str
+    default: Any = None
+    type: Callable[[Any], Any] = str
+    repeatable: bool = False
+    required: bool = False
+    metavar: str | None = None
+    env: str = ""
+    short: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def variable(self) -> str:
+        return self.env or ENV_PREFIX + self.name.upper()
+
+    @property
+    def type_name(self) -> str:
+        name = _TYPE_NAMES.get(self.type) or str(self.type)
+        return f"list of {name}" if self.repeatable else name
+
+    def convert(self, value: Any) -> Any:
+        """The value (a list of them when repeatable) in this option's type; ValueError if malformed."""
+        if self.repeatable:
+            return [self.type(v) for v in (value if isinstance(value, list) else [value])]
+        return self.type(value)
+
+    def value_in(self, environ: Mapping[str, str]) -> Any:
+        """This option's value in environ, else its default: for code that reads a setting where flags
+        cannot reach, e.g. at import time. ConfigError naming the variable if malformed."""
+        if self.variable not in environ:
+            return None if self.default is None else self.convert(self.default)
+        raw = environ[self.variable]
+        return _convert(self, [s for s in raw.split(",") if s] if self.repeatable else raw, self.variable)
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or malformed; the message's first line names it and where it came from."""
+
+
+@dataclass(frozen=True)
+class Process:
+    """One command's settings: its options, plus checks that relate several of them (each returns
+    a problem or None)."""
+
+    command: str
+    options: tuple[Option, ...]
+    checks: tuple[Callable[[Mapping[str, Any]], str | None], ...] = ()
+
+    @property
+    def title(self) -> str:
+        return f"pybk {self.command}"
+
+    def option(self, name: str) -> Option | None:
+        return next((o for o in self.options if o.name == name), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The declarations.
+
+# In every process.
+CONFIG = Option("config", "YAML file of settings (keys are the option names, e.g. log_level); flags "
+                "override the environment, which overrides the file", metavar="FILE")
+LOG_LEVEL = Option("log_level", "DEBUG, INFO, WARNING or ERROR", "INFO", parse_log_level)
+COMMON = (CONFIG, LOG_LEVEL)
+
+METADATA_URI = Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix", metavar="URI")
+
+# Autorecovery's tuning: in `pybk autorecovery`, and in `pybk bookie` for `--autorecovery`.
+_RECOVERY = RecoveryOptions()
+RECOVERY_TUNING = (
+    Option("lost_bookie_delay", "seconds a bookie must be gone from the registry before its ledgers are marked "
+           "under-replicated", _RECOVERY.lost_bookie_delay, Number(float, 0)),
+    Option("audit_interval", "seconds between periodic full checks (every ledger's entries on every bookie via "
+           "ListEntries); 0 disables", _RECOVERY.audit_interval, Number(float, 0)),
+    Option("open_ledger_grace", "seconds to leave an open ledger's last fragment to its writer before fencing and "
+           "recovering the ledger", _RECOVERY.open_ledger_grace, Number(float, 0)),
+    Option("ledger_password", "a ledger password autorecovery may use. Not needed to re-replicate and fence: "
+           "ledger metadata stores the master key bookies check. Needed to verify MAC digests while copying "
+           "(else only length and ids are checked) and for ledgers created before the key was stored. The "
+           "metadata's password hash picks the right one; the empty password is always tried",
+           repeatable=True, metavar="PASSWORD", env="PYBK_LEDGER_PASSWORDS"),
+    Option("replication_batch", "entries per read/add batch when copying", _RECOVERY.batch_entries, Number(int, 1)),
+    Option("parallel_ledgers", "ledgers one worker replicates at once", _RECOVERY.parallel_ledgers,
+           Number(int, 1), env="PYBK_RECOVERY_PARALLEL_LEDGERS"),
+    Option("parallel_runs", "copy runs (read_range streams) in flight per fragment", _RECOVERY.parallel_runs,
+           Number(int, 1), env="PYBK_RECOVERY_PARALLEL_RUNS"),
+    Option("poll_interval", "seconds between looks at the registry and the markers", _RECOVERY.poll_interval,
+           Number(float, 0), env="PYBK_RECOVERY_POLL_INTERVAL"),
+)
+
+
+def _water_marks(cfg: Mapping[str, Any]) -> str | None:
+    if not 0 < cfg["low_water_mark"] <= cfg["high_water_mark"]:
+        return "need 0 < low_water_mark <= high_water_mark"
+    return None
+
+
+BOOKIE = Process("bookie", COMMON + (
+    dataclasses.replace(METADATA_URI, help=METADATA_URI.help + "; without it the bookie runs unregistered "
+                        "(no cookie in etcd, no registration)"),
+    Option("host", "address to listen on and to advertise", "127.0.0.1"),
+    Option("bookie_id", "this bookie's id in the cluster (default host:port)", metavar="ID"),
+    Option("port", "gRPC port of the data plane", 3181, Number(int, 0)),
+    Option("http_port", "admin HTTP port (/heartbeat, /metrics, /api/v1/bookie/...)", 8000, Number(int, 0)),
+    Option("journal_dir", "journal directory (ideally on its own disk)", required=True, metavar="DIR"),
+    Option("ledger_dir", "ledger directory for entry logs (the first also holds the LMDB index)",
+           repeatable=True, required=True, metavar="DIR"),
+    Option("zone", "failure zone advertised in the registration (placement spreads across zones)", ""),
+    Option("rack", "rack advertised in the registration", ""),
+    Option("high_water_mark", "disk usage fraction at or above which the bookie turns read-only", 0.95,
+           Number(float)),
+    Option("low_water_mark", "disk usage fraction below which a disk-read-only bookie is writable again",
+           0.90, Number(float)),
+    Option("disk_capacity", "byte budget for this bookie's dirs (e.g. 10GiB); water marks then apply to the "
+           "bytes in its dirs over this budget instead of the whole filesystem; 0 = filesystem", 0, parse_size),
+    Option("disk_check_interval", "seconds between disk usage checks", 1.0, Number(float, 0)),
+    Option("journal_group_wait", "seconds the journal writer waits to gather more adds into one fdatasync "
+           "(0 = take whatever is queued)", 0.0, Number(float, 0)),
+    Option("journal_group_max_bytes", "most bytes written per journal group commit", "16MiB", parse_size),
+    Option("journal_inline_bytes", "journal group commits up to this size are written and fdatasync'd on the "
+           "event loop instead of a worker thread: lower latency for lone adds (0 = always a thread)",
+           "64KiB", parse_size),
+    Option("journal_max_file_size", "journal files rotate at this size", "256MiB", parse_size),
+    Option("journal_fsync", "fdatasync the journal before acknowledging adds (false only for experiments)",
+           True, parse_bool),
+    Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, Number(float, 0)),
+    Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
+    Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "
+           "flight and journal backlog hold more than this", "1GiB", parse_size),
+    Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
+    Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
+    Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
+           "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, Number(float, 0)),
+    Option("compaction_threshold", "after garbage collection, rewrite entry logs whose live fraction is "
+           "below this (0 = never)", 0.5, Number(float, 0)),
+    Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, Number(int, 1)),
+    Option("autorecovery", "also run autorecovery (auditor candidate + replication worker) in this process, "
+           "tuned by the autorecovery options (--lost-bookie-delay, ...)", False, parse_bool),
+) + RECOVERY_TUNING, checks=(_water_marks,))
+
+AUTORECOVERY = Process("autorecovery", COMMON + (
+    dataclasses.replace(METADATA_URI, required=True),
+    Option("http_port", "serve /api/v1/autorecovery/* and /metrics on this port (0: no HTTP)", 0, Number(int, 0),
+           env="PYBK_RECOVERY_HTTP_PORT"),
+    Option("http_host", "address to bind the admin HTTP server to", "127.0.0.1", env="PYBK_RECOVERY_HTTP_HOST"),
+    Option("name", "this process's name in the auditor election (default host:pid)", env="PYBK_RECOVERY_NAME"),
+    Option("no_worker", "only campaign for the auditor; do not replicate", False, parse_bool,
+           env="PYBK_RECOVERY_NO_WORKER"),
+) + RECOVERY_TUNING)
+
+OPERATOR = Process("operator", COMMON + (
+    Option("namespace", "watch only this namespace; default: every namespace", repeatable=True, metavar="NS",
+           short="-n", env="PYBK_OPERATOR_NAMESPACES"),
+    Option("default_metadata_uri", "metadata service (etcd://host:port/prefix) for clusters whose "
+           "spec.metadataServiceUri is empty, e.g. the chart's bundled etcd", metavar="URI"),
+    Option("refresh_interval", "how often each cluster's status is refreshed from etcd and the next step of a "
+           "scale-down or rolling restart is taken", 20.0, Number(float, 0), metavar="SECONDS",
+           env="PYBK_OPERATOR_REFRESH_INTERVAL"),
+    Option("audit_interval", "how often the operator asks autorecovery for a full ledger audit", 3600.0,
+           Number(float, 0), metavar="SECONDS", env="PYBK_OPERATOR_AUDIT_INTERVAL"),
+    Option("liveness", "where kopf serves its liveness probe", "http://0.0.0.0:8080/healthz", metavar="URL",
+           env="PYBK_OPERATOR_LIVENESS"),
+    Option("verbose", "debug logging (as --log-level DEBUG)", False, parse_bool, short="-v",
+           env="PYBK_OPERATOR_VERBOSE"),
+))
+
+PROCESSES = (BOOKIE, AUTORECOVERY, OPERATOR)
+
+# `PYBK_*` variables that code other than these processes' options reads; every process lets them be.
+ELSEWHERE: dict[str, str] = {
+    "PYBK_METADATA_URI": "`pybk shell`'s default cluster (an option of the bookie and autorecovery too)",
+    "PYBK_LOCAL_DIR": "`pybk local` and `pybk shell`: the default local cluster's data dir",
+    "PYBK_CRD": "the operator's CRD file (the image sets it for every process)",
+    "PYBK_SERVICE": "the bookie image's entrypoint: the headless Service in the bookie id",
+    "PYBK_ZONE_WAIT": "the bookie image's entrypoint: seconds to wait for the node's zone",
+    "PYBK_E2E_IMAGE": "the Kubernetes end-to-end tests: the image under test",
+    "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
+    "PYBK_DURABILITY_SEED": "the durability test: its random seed",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader.
+
+def add_options(parser: argparse.ArgumentParser, process: Process) -> None:
+    """Add every option of process to parser (defaults are applied later, by resolve)."""
+    for opt in process.options:
+        names = [opt.short, opt.flag] if opt.short else [opt.flag]
+        default = f" (default: {_shown(opt.default)})" if opt.default not in (None, [], "") else ""
+        if opt.repeatable:
+            parser.add_argument(*names, dest=opt.name, action="append", default=None, metavar=opt.metavar,
+                                help=f"{opt.help}; repeatable; env {opt.variable} (comma-separated){default}")
+        elif opt.type is parse_bool:  # `--flag` alone means true; `--flag false` still works
+            parser.add_argument(*names, dest=opt.name, default=None, nargs="?", const="true",
+                                metavar=opt.metavar or "BOOL", help=f"{opt.help}; env {opt.variable}{default}")
+        else:
+            parser.add_argument(*names, dest=opt.name, default=None, metavar=opt.metavar,
+                                help=f"{opt.help}; env {opt.variable}{default}")
+
+
+def resolve(args: argparse.Namespace, process: Process, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Settings by option name, merged flag > environment > YAML file > default, converted by type.
+
+    Raises ConfigError for a `PYBK_*` variable the process does not know or cannot parse (even one a
+    flag overrides), a malformed flag or file value, a missing required setting or a failed check."""
+    environ = os.environ if environ is None else environ
+    from_env = environment(process, environ)
+    path = getattr(args, CONFIG.name, None) or from_env.get(CONFIG.name)
+    from_file = _read_file(path, process) if path else {}
+    out: dict[str, Any] = {}
+    for opt in process.options:
+        flag = getattr(args, opt.name, None)
+        if flag is not None:
+            out[opt.name] = _convert(opt, flag, opt.flag)
+        elif opt.name in from_env:
+            out[opt.name] = from_env[opt.name]
+        elif opt.name in from_file:
+            out[opt.name] = _convert(opt, from_file[opt.name], f"{path}: {opt.name}")
+        elif opt.required:
+            raise ConfigError(f"missing setting {opt.name}: pass {opt.flag}, set {opt.variable}, "
+                              f"or put {opt.name} in the --config file")
+        else:
+            out[opt.name] = opt.value_in({})
+    for check in process.checks:
+        problem = check(out)
+        if problem:
+            raise ConfigError(problem)
+    return out
+
+
+def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The process's settings found in `PYBK_*` variables, converted; ConfigError naming the first
+    variable that is unknown to the process or malformed."""
+    by_variable = {o.variable: o for o in process.options}
+    out: dict[str, Any] = {}
+    for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX)):
+        opt = by_variable.get(variable)
+        if opt is None:
+            if variable not in ELSEWHERE:
+                raise ConfigError(_unknown_variable(variable, process))
+            continue
+        out[opt.name] = opt.value_in(environ)
+    return out
+
+
+def _unknown_variable(variable: str, process: Process) -> str:
+    owners = [p.title for p in PROCESSES if variable in {o.variable for o in p.options}]
+    where = f"a setting of {', '.join(owners)}" if owners else "no pybk process takes it"
+    close = difflib.get_close_matches(variable, [o.variable for o in process.options], n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{variable}: not a setting of {process.title} ({where}){hint}\nsee {process.title} --help"
+
+
+def _convert(opt: Option, value: Any, source: str) -> Any:
+    try:
+        return opt.convert(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: bad value for {opt.name}: {exc}") from None
+
+
+def _read_file(path: str, process: Process) -> dict[str, Any]:
+    """The YAML file's settings by option name (not yet converted)."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of option names to values")
+    known = {o.name for o in process.options if o is not CONFIG}
+    out: dict[str, Any] = {}
+    for k, v in loaded.items():
+        key = str(k).replace("-", "_")
+        if key not in known:
+            raise ConfigError(f"config file {path}: unknown option {k!r} for {process.title}; "
+                              f"known: {', '.join(sorted(known))}")
+        out[key] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference.
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return str(default).lower()
+    return "" if default is None else str(default)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def reference() -> str:
+    """docs/options.md: every option, grouped by the processes that take it."""
+    groups: dict[tuple[str, ...], list[Option]] = {}
+    for process in PROCESSES:
+        for opt in process.options:
+            owners = tuple(p.title for p in PROCESSES if any(o is opt for o in p.options))
+            if opt not in groups.setdefault(owners, []):
+                groups[owners].append(opt)
+    lines = [
+        "# Options of the pybk processes",
+        "",
+        "Generated from `pybk/config.py` by `python -m pybk.config`; do not edit by hand.",
+        "",
+        "Each option is a flag, a `PYBK_*` environment variable, or a key of the YAML file given by "
+        "`--config` (the key is the option name; dashes may replace underscores). A flag overrides "
+        "the environment, which overrides the file, which overrides the default. A repeatable option "
+        "takes its flag several times, a comma-separated variable or a YAML list; a boolean flag alone "
+        "means true. A process refuses to start, naming the variable, when a `PYBK_*` variable is not "
+        "one of its settings (or listed at the end) or its value is malformed. Sizes take units: "
+        "4096, 64KiB, 16MiB, 1GB.",
+    ]
+    for owners, options in groups.items():
+        lines += ["", f"## {', '.join(f'`{o}`' for o in owners)}", "",
+                  "| Option (YAML key) | Flag | Environment | Type | Default | Description |",
+                  "|---|---|---|---|---|---|"]
+        for opt in options:
+            flag = f"`{opt.short}`, `{opt.flag}`" if opt.short else f"`{opt.flag}`"
+            default = "required" if opt.required else (f"`{_shown(opt.default)}`" if _shown(opt.default) else "")
+            lines.append(f"| `{opt.name}` | {flag} | `{opt.variable}` | {opt.type_name} | {default} | "
+                         f"{_cell(opt.help)} |")
+    lines += ["", "## Variables read elsewhere", "",
+              "Every process accepts these; other code reads them.", "",
+              "| Environment | Read by |", "|---|---|"]
+    lines += [f"| `{name}` | {_cell(use)} |" for name, use in ELSEWHERE.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    """Write docs/options.md."""
+    REFERENCE.write_text(reference())
+    print(f"wrote {REFERENCE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
