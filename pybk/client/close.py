@@ -1,4 +1,4 @@
-"""What a writer's close does with the metadata it finds (DESIGN §2), as a pure decision: the
+"""What a writer's close does with the metadata it finds (docs/protocol.md), as a pure decision: the
 change the metadata update loop applies, asked again after every lost CAS."""
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ class LedgerHandle:
     async def close(self) -> None:
         """Close the ledger: wait for pending adds, then CAS it CLOSED at the LAC.
 
-        A lost CAS is decided as DESIGN §2 says (close.after_close_conflict): still OPEN ->
+        A lost CAS is decided as docs/protocol.md says (close.after_close_conflict): still OPEN ->
         retry; IN_RECOVERY -> fenced error; CLOSED at our LAC -> done; CLOSED elsewhere -> error."""
         if self._closed:
             return

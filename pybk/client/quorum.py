@@ -1,4 +1,4 @@
-"""Quorum arithmetic of the replication protocol (DESIGN §2), pure and server-free.
+"""Quorum arithmetic of the replication protocol (docs/protocol.md), pure and server-free.
 
 Indices here are positions in a fragment's ensemble (0 .. E-1), never bookie ids; which indices
 store an entry (its write set) is `pybk.ledger.write_set`.

@@ -1,4 +1,4 @@
-"""Fencing and recovery of an open ledger (DESIGN §2), as a reader that takes over:
+"""Fencing and recovery of an open ledger (docs/protocol.md), as a reader that takes over:
 
 1. CAS the metadata to IN_RECOVERY (the old writer's next ensemble change or close fails);
 2. fence every bookie of the last fragment until each write quorum has Qw - Qa + 1 answers

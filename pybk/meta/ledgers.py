@@ -1,4 +1,4 @@
-"""Ledger metadata: the model (every field of DESIGN §2), its compact protobuf encoding and JSON
+"""Ledger metadata: the model (every field in docs/protocol.md), its compact protobuf encoding and JSON
 view, and the etcd operations on it (create with block id allocation, get, CAS, the one
 read-change-CAS loop every updater uses, delete, list, watch).
 
