@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import os
 import re
 import sys
@@ -328,6 +329,22 @@ def resolve(args: argparse.Namespace, process: Process, environ: Mapping[str, st
         if problem:
             raise ConfigError(problem)
     return out
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def load(args: argparse.Namespace, process: Process) -> dict[str, Any] | None:
+    """A process's start: its resolved settings with logging set up at their level, or None after
+    printing `pybk NAME: <what is wrong>` (the caller exits 2)."""
+    try:
+        cfg = resolve(args, process)
+    except ConfigError as exc:
+        print(f"pybk {process.command}: {exc}", file=sys.stderr)
+        return None
+    level = "DEBUG" if cfg.get("verbose") else cfg[LOG_LEVEL.name]
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    return cfg
 
 
 def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:

@@ -33,12 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config.resolve(args, config.BOOKIE)
-    except config.ConfigError as exc:
-        print(f"pybk bookie: {exc}", file=sys.stderr)
+    cfg = config.load(args, config.BOOKIE)
+    if cfg is None:
         return 2
-    logging.basicConfig(level=cfg["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return asyncio.run(BookieServer(cfg).serve())

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 from typing import Any, Mapping
@@ -76,13 +75,9 @@ async def _operate(cfg: Mapping[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config.resolve(args, config.OPERATOR)
-    except config.ConfigError as exc:
-        print(f"pybk operator: {exc}", file=sys.stderr)
+    cfg = config.load(args, config.OPERATOR)
+    if cfg is None:
         return 2
-    logging.basicConfig(level=logging.DEBUG if cfg["verbose"] else cfg["log_level"],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.check:
         return _check(args.check, args.output)
     # The handlers read their intervals from the environment when first imported (by _operate).

@@ -5,7 +5,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from typing import Any, Mapping
 
 from pybk import config
@@ -59,12 +58,9 @@ async def serve(cfg: Mapping[str, Any], options: RecoveryOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config.resolve(args, config.AUTORECOVERY)
-    except config.ConfigError as exc:
-        print(f"pybk autorecovery: {exc}", file=sys.stderr)
+    cfg = config.load(args, config.AUTORECOVERY)
+    if cfg is None:
         return 2
-    logging.basicConfig(level=cfg["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = from_config(cfg)
 
     async def main() -> None:
