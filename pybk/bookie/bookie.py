@@ -22,8 +22,8 @@ from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
 from .index import Index
-from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, read_mark,
-                      replay, write_mark)
+from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, is_space_error,
+                      read_mark, replay, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
 from .writecache import WriteCache
@@ -84,6 +84,8 @@ class Bookie:
         self.read_only_disk = False
         self.journal_failed = False  # a journal write failed: read-only until restarted
         self.disk_usage = 0.0
+        self._disk_total = 0  # bytes of the disk (or budget) disk_usage is a fraction of
+        self._written_since_check = 0
         self.on_read_only_change: Callable[[bool], None] | None = None
         self._lac_waiters: dict[int, list[asyncio.Future]] = {}
         self._disk_reads = 0  # entry log reads running in worker threads
@@ -110,7 +112,7 @@ class Bookie:
         mark = read_mark(self.journal_dir)
         self.replayed = await asyncio.get_running_loop().run_in_executor(None, self._replay, mark)
         self.journal = Journal(self.journal_dir, self.opts.journal_max_file_size, self.opts.group_wait,
-                               self.opts.group_max_bytes, self.opts.fsync, self.metrics.journal_synced,
+                               self.opts.group_max_bytes, self.opts.fsync, self._journal_synced,
                                self._journal_failed, self.opts.journal_inline_bytes)
         self.journal.open()
         self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
@@ -539,14 +541,17 @@ class Bookie:
                     st.dirty = False
             try:
                 await asyncio.get_running_loop().run_in_executor(None, self._flush, snap, dirty, mark)
-            except BaseException:
+            except BaseException as exc:
                 self.cache.merge_from(snap)
                 for ledger, _ in dirty:
                     if ledger in self.ledgers:
                         self.ledgers[ledger].dirty = True
+                if is_space_error(exc):
+                    self._no_room("checkpoint", exc)
                 raise
             finally:
                 self.flushing = None
+            self._note_written(snap.bytes)
             removed = self.journal.delete_before(mark)
             m = self.metrics
             m.checkpoints.inc()
@@ -575,16 +580,18 @@ class Bookie:
             await asyncio.sleep(self.opts.checkpoint_interval)
             try:
                 await self.checkpoint()
-            except Exception:  # noqa: BLE001 - keep serving from the journal + cache; retry later
-                log.exception("checkpoint failed")
+            except Exception as exc:  # noqa: BLE001 - keep serving from the journal + cache; retry later
+                if not is_space_error(exc):
+                    log.exception("checkpoint failed")
 
     # ---- disk water marks -------------------------------------------------------------------
 
     def _dirs(self) -> list[Path]:
         return [self.journal_dir, *self.ledger_dirs]
 
-    def measure_disk_usage(self) -> float:
-        """Used fraction: of the byte budget (disk_capacity) by our dirs, else of the fullest disk."""
+    def measure_disk_usage(self) -> tuple[float, int]:
+        """(used fraction, total bytes): of the byte budget (disk_capacity) by our dirs, else of
+        the fullest disk (free space counted as an unprivileged writer sees it)."""
         if self.opts.disk_capacity > 0:
             used = 0
             for d in self._dirs():
@@ -594,12 +601,13 @@ class Bookie:
                             used += os.stat(os.path.join(root, f)).st_size
                         except OSError:
                             pass
-            return used / self.opts.disk_capacity
-        fractions = []
+            return used / self.opts.disk_capacity, self.opts.disk_capacity
+        fullest = (0.0, 0)
         for d in self._dirs():
             u = shutil.disk_usage(d)
-            fractions.append(u.used / (u.used + u.free) if u.used + u.free else 0.0)
-        return max(fractions)
+            total = u.used + u.free
+            fullest = max(fullest, (u.used / total if total else 0.0, total))
+        return fullest
 
     def disk_space(self) -> tuple[int, int]:
         """(free, total) bytes for the Info call."""
@@ -610,13 +618,43 @@ class Bookie:
         return u.free, u.total
 
     def _update_disk_state(self) -> None:
-        self.disk_usage = usage = self.measure_disk_usage()
+        self._measured(*self.measure_disk_usage())
+
+    def _measured(self, usage: float, total: int) -> None:
+        self.disk_usage, self._disk_total, self._written_since_check = usage, total, 0
         self._update_disk_state_from(usage)
 
-    def _journal_failed(self, exc: BaseException) -> None:
+    def _journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:
+        self.metrics.journal_synced(seconds, nbytes, appends)
+        self._note_written(nbytes)
+
+    def _note_written(self, nbytes: int) -> None:
+        """Count bytes written since the last disk check, so the bookie turns read-only as soon as
+        its own writes cross the high-water mark, not a sampling interval later."""
+        self._written_since_check += nbytes
+        if not self.read_only_disk and self._disk_total:
+            estimate = self.disk_usage + self._written_since_check / self._disk_total
+            if estimate >= self.opts.high_water_mark:
+                self._update_disk_state_from(estimate)
+
+    def _journal_failed(self, exc: BaseException, recoverable: bool) -> None:
+        if recoverable:
+            self._no_room("journal", exc)
+            return
         log.error("journal write failed (%s): read-only until restarted; acknowledged adds are safe", exc)
         before = self.read_only
         self.journal_failed = True
+        if before != self.read_only:
+            self._read_only_changed()
+
+    def _no_room(self, what: str, exc: BaseException) -> None:
+        """A write found the disk full: nothing was half written (the journal and the entry log cut
+        a failed write back); turn read-only until usage is below the low-water mark again."""
+        if not self.read_only_disk:
+            log.warning("%s: the disk is full (%s); read-only until disk usage is below the low-water "
+                        "mark %.2f. Acknowledged entries are safe.", what, exc, self.opts.low_water_mark)
+        before = self.read_only
+        self.read_only_disk = True
         if before != self.read_only:
             self._read_only_changed()
 
@@ -643,9 +681,7 @@ class Bookie:
         while True:
             await asyncio.sleep(self.opts.disk_check_interval)
             try:
-                usage = await loop.run_in_executor(None, self.measure_disk_usage)
-                self.disk_usage = usage
-                self._update_disk_state_from(usage)
+                self._measured(*await loop.run_in_executor(None, self.measure_disk_usage))
                 self.metrics.write_cache_bytes.set(self.cache.bytes)
                 self.metrics.write_cache_entries.set(self.cache.count)
             except Exception:  # noqa: BLE001

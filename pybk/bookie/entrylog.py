@@ -2,12 +2,19 @@
 entry i64 | body` each.
 
 A location is (log id, offset of the record). A checkpoint appends one sorted batch with one
-write and one fsync; reads use pread on a cached descriptor per file. The CRC32C covers ledger,
+write and one fsync; reads use pread on a cached descriptor per file.
+
+Failure modes: a batch is only appended when the file system has room for all of it (else
+ENOSPC before a byte is written); a write or fsync that fails anyway (the disk filled meanwhile,
+an I/O error) is cut back off the file, so no partial record stays where the next batch's
+locations would be computed (if even the cut fails, the log rolls to a new file). The caller
+indexes a batch only after append_sorted returned, so a failed batch leaves no trace. The CRC32C covers ledger,
 entry and body, so the bookie itself refuses a record that rotted on disk (readers also verify
 the entry's own digest, but a copier without a MAC ledger's password cannot).
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -25,6 +32,12 @@ _IDS = struct.Struct(">Qq")
 def record_crc(ledger: int, entry: int, body: bytes) -> int:
     """The CRC32C stored with a record: over its ledger and entry ids and its body."""
     return google_crc32c.extend(google_crc32c.value(_IDS.pack(ledger, entry)), body)
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on path's file system."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 class EntryLogCorruptError(OSError):
@@ -57,11 +70,7 @@ class EntryLog:
         when the current one is full, so a batch never straddles files.
         """
         if self._offset >= self.max_file_size:
-            os.close(self._fd)
-            self._current += 1
-            self._fd = os.open(self.path(self._current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            fsync_dir(self.directory)
-            self._offset = 0
+            self._roll()
         pack = LOG_RECORD.pack
         crc = record_crc
         key_pack, loc_pack = KEY.pack, LOCATION.pack
@@ -74,17 +83,41 @@ class EntryLog:
             append(body)
             locate((key_pack(ledger, entry), loc_pack(dir_index, log_id, offset)))
             offset += LOG_HEADER + size
-        for i in range(0, len(parts), _IOV_MAX):
-            chunk = parts[i:i + _IOV_MAX]
-            n = os.writev(self._fd, chunk)
-            want = sum(map(len, chunk))
-            if n < want:  # short write: finish the rest the slow way
-                view = memoryview(b"".join(chunk))[n:]
-                while view:
-                    view = view[os.write(self._fd, view):]
-        os.fsync(self._fd)
+        need = offset - self._offset
+        free = free_bytes(self.directory)
+        if free < need:
+            raise OSError(errno.ENOSPC, f"{self.directory}: {need} bytes to append, {free} free")
+        try:
+            for i in range(0, len(parts), _IOV_MAX):
+                chunk = parts[i:i + _IOV_MAX]
+                n = os.writev(self._fd, chunk)
+                want = sum(map(len, chunk))
+                if n < want:  # short write: finish the rest the slow way
+                    view = memoryview(b"".join(chunk))[n:]
+                    while view:
+                        view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            self._cut_back()
+            raise
         self._offset = offset
         return locations
+
+    def _cut_back(self) -> None:
+        """Remove what a failed append left after the last good record (or, if even that
+        fails, leave the file and go on in a new one)."""
+        try:
+            os.ftruncate(self._fd, self._offset)
+            os.fsync(self._fd)
+        except OSError:
+            self._roll()
+
+    def _roll(self) -> None:
+        os.close(self._fd)
+        self._current += 1
+        self._fd = os.open(self.path(self._current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fsync_dir(self.directory)
+        self._offset = 0
 
     def read(self, log_id: int, offset: int, ledger: int, entry: int) -> bytes:
         """The body stored at a location; checks it is the entry the index says (event loop only:

@@ -12,6 +12,14 @@ average): the hop to a worker thread and back costs more CPU and latency than th
 itself. A big group, or any group on a slow disk, goes to a worker thread, so the loop keeps
 serving reads and taking the next batches in while the disk syncs.
 
+A full disk never leaves half a group behind: a group is written only when the file system has
+room for all of it (else ENOSPC, nothing written), and a write or fdatasync that fails anyway is
+cut back off the file, so the next group lands right after the last good record and the mark
+never points past a hole. Those waiters fail (their adds were never acknowledged); the journal
+goes on taking groups, so the bookie is writable again once space returns. Only if the cut
+itself fails, or the error is not about space (an I/O error: after a failed fdatasync the page
+cache cannot be trusted), does the journal stop for good until a restart replays it.
+
 Files are named `journal-<seq>.log` and rotate by size. The journal mark (file seq, offset) says
 where replay starts; files before it are deleted once a checkpoint made their content durable
 elsewhere.
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import os
 import struct
 import time
@@ -35,6 +44,8 @@ MAX_BODY = 64 * 1024 * 1024  # a length above this is corruption, not a torn wri
 MARK_FILE = "journal.mark"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _MARK = struct.Struct(">QQI")
+# Errors that only say the disk has no room: the journal cuts the group back and goes on.
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # Small groups are written on the event loop only while the disk syncs this fast: on a slow disk
 # the loop would stall reads and everything else for the whole fdatasync.
 INLINE_MAX_SYNC_SECONDS = 0.001
@@ -81,6 +92,11 @@ def encode_records(rtype: int, ledger: int, bodies: dict[int, bytes]) -> list[by
                   for entry, body in bodies.items()]
     parts[1::2] = bodies.values()
     return parts
+
+
+def is_space_error(exc: BaseException) -> bool:
+    """True for an error that only says the disk (or a quota or size limit) has no room."""
+    return isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS
 
 
 def encode_record(rtype: int, ledger: int, entry: int, body: bytes = b"") -> bytes:
@@ -189,7 +205,7 @@ class Journal:
     def __init__(self, directory: Path, max_file_size: int = 512 * 1024 * 1024, group_wait: float = 0.0,
                  group_max_bytes: int = 16 * 1024 * 1024, fsync: bool = True,
                  on_sync: Callable[[float, int, int], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None, inline_max_bytes: int = 64 * 1024):
+                 on_error: Callable[[BaseException, bool], None] | None = None, inline_max_bytes: int = 64 * 1024):
         self.directory = Path(directory)
         self.max_file_size = max_file_size
         self.group_wait = group_wait
@@ -198,7 +214,7 @@ class Journal:
         self.inline_max_bytes = inline_max_bytes  # groups up to this size are written on the loop
         self._sync_seconds = 0.0  # moving average of a group commit's duration
         self.on_sync = on_sync  # (seconds, bytes, appends) after every group commit
-        self.on_error = on_error  # once, when a write fails: the journal accepts nothing after that
+        self.on_error = on_error  # (exc, recoverable) when a group fails; not recoverable: the journal stopped
         self._queue: list[tuple[list[bytes], int, asyncio.Future]] = []
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
@@ -277,16 +293,20 @@ class Journal:
                         self._write(parts, size)
                     else:
                         await loop.run_in_executor(None, self._write, parts, size)
-                except BaseException as exc:  # noqa: BLE001 - fail every waiter, then stop
-                    self._error = exc
-                    for _, _, f in group + self._queue:
+                except BaseException as exc:  # noqa: BLE001 - fail the group; stop unless it was space
+                    recoverable = is_space_error(exc) and self._cut_back()
+                    failed = group if recoverable else group + self._queue
+                    for _, _, f in failed:
                         if not f.done():
                             f.set_exception(OSError(f"journal write failed: {exc}"))
-                    self._queue.clear()
+                    if not recoverable:
+                        self._error = exc
+                        self._queue.clear()
+                        self._queued_bytes = 0
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     if self.on_error:
-                        self.on_error(exc)
+                        self.on_error(exc, recoverable)
                     continue
                 finally:
                     self._busy = False
@@ -299,7 +319,12 @@ class Journal:
                         f.set_result(None)
 
     def _write(self, parts: list[bytes], size: int) -> None:
-        """Runs in a worker thread: writev the parts, one fdatasync, rotate when the file is full."""
+        """Runs in a worker thread: writev the parts, one fdatasync, rotate when the file is full.
+        Raises ENOSPC before writing anything when the file system has no room for the group."""
+        st = os.fstatvfs(self._fd)
+        if st.f_bavail * st.f_frsize < size:
+            raise OSError(errno.ENOSPC, f"journal {self.directory}: {size} bytes to write, "
+                                        f"{st.f_bavail * st.f_frsize} free")
         for i in range(0, len(parts), _IOV_MAX):
             chunk = parts[i:i + _IOV_MAX]
             want = sum(map(len, chunk))
@@ -314,6 +339,16 @@ class Journal:
         self._written = Mark(self._seq, self._offset)
         if self._offset >= self.max_file_size:
             self._roll(self._seq + 1)
+
+    def _cut_back(self) -> bool:
+        """Remove what a failed group left after the last good record; False if that failed too."""
+        try:
+            os.ftruncate(self._fd, self._offset)
+            if self.fsync:
+                os.fdatasync(self._fd)
+            return True
+        except OSError:
+            return False
 
     def delete_before(self, mark: Mark) -> int:
         """Remove journal files older than the mark's file; returns how many were removed."""
