@@ -14,6 +14,9 @@ import logging
 
 from aiohttp import web
 
+from pybk.meta.errors import BadMetadataError
+from pybk.meta.registry import check_bookie_id
+
 from . import admin, decommission
 
 log = logging.getLogger(__name__)
@@ -61,14 +64,17 @@ def add_routes(app: web.Application, store, recovery=None) -> None:
     async def start_decommission(request: web.Request) -> web.Response:
         try:
             body = await request.json() if request.can_read_body else {}
-        except json.JSONDecodeError:
-            return _error(400, "body must be JSON like {\"bookie_id\": \"host:port\"}")
-        bookie_id = (body or {}).get("bookie_id") or request.query.get("bookie_id")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            return _error(400, "body must be a JSON object like {\"bookie_id\": \"host:port\"}")
+        bookie_id = body.get("bookie_id") or request.query.get("bookie_id")
         if not bookie_id or not isinstance(bookie_id, str):
             return _error(400, "missing bookie_id (JSON body {\"bookie_id\": ...} or ?bookie_id=)")
         try:
+            check_bookie_id(bookie_id)
             return _json(await decommission.start(store, bookie_id), 202)
-        except decommission.DecommissionError as exc:
+        except (decommission.DecommissionError, BadMetadataError) as exc:
             return _error(400, str(exc))
 
     async def decommission_status(request: web.Request) -> web.Response:

@@ -156,3 +156,16 @@ async def test_a_ledger_autorecovery_cannot_open_stays_marked_with_the_reason(bo
     finally:
         await bk.close()
         await store.close()
+
+
+async def test_a_malformed_decommission_request_gets_400_naming_what_is_wrong(autorecovery, short_lease_uri):
+    """A body that is not a JSON object, or a bookie id that could not be one, is answered 400 with
+    a reason; nothing is recorded for it."""
+    ar = autorecovery()
+    for body, reason in (([1, 2], "JSON object"), ("str", "JSON object"), ({"bookie_id": 7}, "missing bookie_id"),
+                         ({"bookie_id": "../../x"}, "bad bookie id")):
+        status, answer = ar.http_json("/api/v1/autorecovery/decommission", "POST", body)
+        assert status == 400, (body, answer)
+        assert reason in answer["error"], (body, answer)
+    status, drains = ar.http_json("/api/v1/autorecovery/decommission")
+    assert status == 200 and not drains
