@@ -209,7 +209,8 @@ def test_an_entry_moved_since_it_was_checked_is_not_dropped(tmp_path):
         index.close()
 
 
-@pytest.mark.parametrize("after, want", [(None, [(1, 0), (1, 1)]), (KEY.pack(1, 0), [(1, 1), (2, 5)])])
+@pytest.mark.parametrize("after, want", [(None, [(1, 0), (1, 1)]), (KEY.pack(1, 0), [(1, 1), (2, 5)])],
+                         ids=["from-the-start", "after-a-key"])
 def test_the_index_is_walked_in_bounded_steps_in_key_order(tmp_path, after, want):
     index = Index(tmp_path)
     try:
