@@ -79,7 +79,10 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         call it: it only drops entries this bookie cannot read."""
         if scrubber is None:
             return web.json_response({"error": "this bookie has no scrubber"}, status=409)
-        return web.json_response((await scrubber.scrub()).to_json())
+        try:
+            return web.json_response((await scrubber.scrub()).to_json())
+        except Exception as exc:  # noqa: BLE001 - report, do not crash
+            return web.json_response({"error": f"scrub failed: {exc}"}, status=503)
 
     async def ledger_list(request: web.Request) -> web.Response:
         """Ledgers this bookie holds, with their LAC and fenced flag (?entries=true adds ranges)."""

@@ -20,9 +20,10 @@ unmounted disk), an index location in a ledger dir that is not configured, an er
 reading a file other than "no such file" or EIO (e.g. EMFILE, EACCES).
 
 Pacing: the worker thread (one of its own, with descriptors of its own) checks at most
-STEP_ENTRIES entries or STEP_BYTES bytes per step, in one short LMDB read transaction; the event
-loop then rests at least as long as the step took, so a scrub uses at most about half of one
-core and never stalls adds or reads.
+STEP_ENTRIES entries or STEP_BYTES bytes per step, in one short LMDB read transaction, and closes its
+descriptors after each (a file compaction deleted meanwhile frees its space); the scrub then
+rests REST_FACTOR times as long as the step took, so it uses at most about a quarter of one core
+(a daily scrub has time) and adds and reads keep their pace.
 """
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ STEP_ENTRIES = 1000
 STEP_BYTES = 8 * 1024 * 1024
 MAX_PROBLEMS = 20  # problem descriptions kept in a result (all are counted)
 MARK_RETRY_SECONDS = 10.0
+MAX_OPEN_FILES = 64  # entry logs a step keeps open at once
+REST_FACTOR = 3.0  # after each step the scrub rests this many times as long as the step took
 _MEDIA_ERRORS = (errno.EIO, errno.ENXIO)  # the disk failed to give these bytes: the entry is bad
 
 
@@ -108,24 +111,30 @@ class _Scan:
         self.after: bytes | None = None
         self.done = False
         self._fds: dict[tuple[int, int], int | None] = {}  # None: the file is missing
+        self._missing: set[str] = set()  # reported once per run
 
     def step(self) -> _Step:
+        """Check the next entries (at most STEP_ENTRIES, about STEP_BYTES). Descriptors are closed
+        at the end of every step, so files compaction deleted meanwhile free their space."""
         out = _Step()
         pairs = self.index.locations_after(self.after, STEP_ENTRIES)
         if len(pairs) < STEP_ENTRIES:
             self.done = True
-        for key, loc in pairs:
-            self.after = key
-            ledger, entry = KEY.unpack(key)
-            d, log_id, offset = LOCATION.unpack(loc)
-            problem = self._check(out, d, log_id, offset, ledger, entry)
-            out.checked += 1
-            if problem:
-                out.bad.append((key, loc))
-                out.problems.append(problem)
-            if out.nbytes >= STEP_BYTES:
-                self.done = False
-                break
+        try:
+            for key, loc in pairs:
+                self.after = key
+                ledger, entry = KEY.unpack(key)
+                d, log_id, offset = LOCATION.unpack(loc)
+                problem = self._check(out, d, log_id, offset, ledger, entry)
+                out.checked += 1
+                if problem:
+                    out.bad.append((key, loc))
+                    out.problems.append(problem)
+                if out.nbytes >= STEP_BYTES:
+                    self.done = False
+                    break
+        finally:
+            self.close()
         return out
 
     def _check(self, out: _Step, d: int, log_id: int, offset: int, ledger: int, entry: int) -> str:
@@ -151,12 +160,16 @@ class _Scan:
     def _open(self, out: _Step, d: int, log_id: int) -> int | None:
         if (d, log_id) in self._fds:
             return self._fds[(d, log_id)]
+        if len(self._fds) >= MAX_OPEN_FILES:
+            self.close()
         path = self.entrylogs[d].path(log_id)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             fd = None
-            out.missing.append(str(path))
+            if str(path) not in self._missing:
+                self._missing.add(str(path))
+                out.missing.append(str(path))
         except OSError as exc:
             raise ScrubError(f"opening {path}: {exc}") from exc
         self._fds[(d, log_id)] = fd
@@ -218,13 +231,11 @@ class Scrubber:
                     result.problems += step.problems[:max(room, 0)]
                     for problem in step.problems:
                         log.error("scrub: %s", problem)
-                await asyncio.sleep(max(time.monotonic() - s0, 0.001))
+                await asyncio.sleep(max((time.monotonic() - s0) * REST_FACTOR, 0.001))
         except ScrubError as exc:
             result.error = str(exc)
             m.scrub_failures.inc()
             log.error("scrub stopped: %s", exc)
-        finally:
-            self._executor.submit(scan.close)
         m.scrub_bad_entries.inc(result.bad_entries)
         m.scrub_files_missing.inc(len(result.files_missing))
         if self._unmarked:

@@ -135,6 +135,23 @@ async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies):
     assert result["files_missing"] == [str(first)]
 
 
+async def test_a_scrub_that_cannot_look_drops_nothing_and_says_why(bookies):
+    """A ledger dir whose entrylogs directory is gone (an unmounted disk) is no verdict on its
+    entries: the scrub stops, naming the directory, and the entries come back with the disk."""
+    b, = bookies(1, metadata_uri=None)
+    await write(b, 1, 100)
+    await restart(b)
+    logs = b.ledger_dirs[0] / "entrylogs"
+    logs.rename(b.ledger_dirs[0] / "elsewhere")
+    try:
+        result = await scrub(b)
+    finally:
+        (b.ledger_dirs[0] / "elsewhere").rename(logs)
+    assert str(logs) in result["error"] and "not judging" in result["error"]
+    assert result["bad_entries"] == 0 and result["entries_checked"] == 0
+    await assert_dropped_exactly(b, {1: 100}, {}, await scrub(b))
+
+
 async def test_a_healthy_bookie_scrubs_clean_while_adds_and_checkpoints_go_on(bookies):
     b, = bookies(1, checkpoint_interval=0.05, metadata_uri=None)
     stop = asyncio.Event()
