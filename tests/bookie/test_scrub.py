@@ -11,27 +11,17 @@ import pytest
 
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
-from pybk.bookie.entrylog import LOG_HEADER, LOG_RECORD
 from pybk.bookie.index import KEY, LOCATION, Index
 from pybk.ledger import entry_ranges
 from pybk.meta import MetadataStore
 
-KEY_ = entry.master_key(b"scrub")
+from entrylog_files import records
+
+MASTER_KEY = entry.master_key(b"scrub")
 
 
 def body(ledger: int, eid: int, size: int = 1024) -> bytes:
     return entry.encode(ledger, eid, eid - 1, bytes([eid % 251]) * size)
-
-
-def records(path: Path) -> list[tuple[int, int, int, int]]:
-    """(ledger, entry, offset, record length) of every record of an entry log, in file order."""
-    data = path.read_bytes()
-    out, offset = [], 0
-    while offset + LOG_HEADER <= len(data):
-        length, _, ledger, eid = LOG_RECORD.unpack_from(data, offset)
-        out.append((ledger, eid, offset, LOG_HEADER + length))
-        offset += LOG_HEADER + length
-    return out
 
 
 def entry_logs(b) -> list[Path]:
@@ -40,7 +30,7 @@ def entry_logs(b) -> list[Path]:
 
 async def write(b, ledger: int, count: int) -> None:
     async with await BookieClient.connect(b.address) as c:
-        await asyncio.gather(*(c.add(ledger, e, body(ledger, e), master_key=KEY_) for e in range(count)))
+        await asyncio.gather(*(c.add(ledger, e, body(ledger, e), master_key=MASTER_KEY) for e in range(count)))
 
 
 async def restart(b) -> None:
@@ -161,7 +151,7 @@ async def test_a_healthy_bookie_scrubs_clean_while_adds_and_checkpoints_go_on(bo
         async with await BookieClient.connect(b.address) as c:
             while not stop.is_set():
                 e = written[ledger]
-                await asyncio.gather(*(c.add(ledger, i, body(ledger, i, 256), master_key=KEY_)
+                await asyncio.gather(*(c.add(ledger, i, body(ledger, i, 256), master_key=MASTER_KEY)
                                        for i in range(e, e + 200)))
                 written[ledger] = e + 200
 

@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 from pybk.bookie.client import BookieClient, BookieError, Status
-from pybk.bookie.entrylog import LOG_HEADER, LOG_RECORD
+from pybk.bookie.entrylog import LOG_HEADER
 from pybk.client import BookKeeper
 from pybk.ledger import entry_ranges
 from pybk.meta import MetadataStore
 
+from entrylog_files import records
 from recovery_checks import PASSWORD, assert_fully_replicated, eventually
-
-
-def records(path: Path) -> list[tuple[int, int, int, int]]:
-    """(ledger, entry, offset, record length) of every record of an entry log, in file order."""
-    data = path.read_bytes()
-    out, offset = [], 0
-    while offset + LOG_HEADER <= len(data):
-        length, _, ledger, eid = LOG_RECORD.unpack_from(data, offset)
-        out.append((ledger, eid, offset, LOG_HEADER + length))
-        offset += LOG_HEADER + length
-    return out
 
 
 async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies, short_lease_uri, autorecovery):
