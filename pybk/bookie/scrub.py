@@ -195,6 +195,7 @@ class Scrubber:
         self.underreplication = underreplication
         self.last: ScrubResult | None = None
         self._unmarked: set[int] = set()  # ledgers with removed entries not marked yet
+        self._mark_failed = asyncio.Event()  # wakes the background loop to retry sooner
         self._running: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="scrub")
@@ -265,6 +266,7 @@ class Scrubber:
                 await self.underreplication.mark(ledger, [self.bookie_id])
             except Exception as exc:  # noqa: BLE001 - retried every MARK_RETRY_SECONDS
                 log.warning("scrub: marking ledger %d under-replicated failed (%s); retrying", ledger, exc)
+                self._mark_failed.set()
                 if result is not None:
                     result.mark_error = f"marking ledger {ledger} failed: {exc}; retried every {MARK_RETRY_SECONDS:g}s"
                 return
@@ -274,7 +276,8 @@ class Scrubber:
 
     def start(self) -> None:
         """Scrub every `interval` seconds in the background (the first after one interval); also
-        retries markings that failed. Nothing runs in the background when the interval is 0."""
+        retries markings that failed. Nothing runs in the background when the interval is 0 (failed
+        markings are then retried by the next scrub on request)."""
         if self.interval > 0:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="scrubber")
 
@@ -284,7 +287,12 @@ class Scrubber:
             wait = due - time.monotonic()
             if self._unmarked:
                 wait = min(wait, MARK_RETRY_SECONDS)
-            await asyncio.sleep(max(wait, 0))
+            self._mark_failed.clear()
+            try:
+                await asyncio.wait_for(self._mark_failed.wait(), max(wait, 0))
+                continue  # a marking failed meanwhile: wait MARK_RETRY_SECONDS, not the whole interval
+            except asyncio.TimeoutError:
+                pass
             if self._unmarked:
                 await self._mark_pending()
             if time.monotonic() < due:

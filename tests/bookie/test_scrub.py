@@ -125,6 +125,30 @@ async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies):
     assert result["files_missing"] == [str(first)]
 
 
+async def test_a_ledger_marking_that_failed_is_retried_until_etcd_takes_it(bookies, etcd, metadata_uri):
+    b, = bookies(1)
+    await write(b, 1, 50)
+    await restart(b)
+    log, = entry_logs(b)
+    os.truncate(log, log.stat().st_size - 1)  # entry 1:49 is cut short
+    await asyncio.to_thread(etcd.stop)
+    try:
+        result = await scrub(b)
+    finally:
+        await asyncio.to_thread(etcd.start)
+    assert result["bad_by_ledger"] == {"1": [[49, 49]]}
+    assert result["marked_under_replicated"] == [] and "marking ledger 1 failed" in result["mark_error"]
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        deadline = asyncio.get_running_loop().time() + 60
+        while (marker := await store.underreplication.get(1)) is None:
+            assert asyncio.get_running_loop().time() < deadline, "the failed marking was not retried in 60s"
+            await asyncio.sleep(0.3)
+        assert marker.missing == [b.bookie_id]
+    finally:
+        await store.close()
+
+
 async def test_a_scrub_that_cannot_look_drops_nothing_and_says_why(bookies):
     """A ledger dir whose entrylogs directory is gone (an unmounted disk) is no verdict on its
     entries: the scrub stops, naming the directory, and the entries come back with the disk."""
