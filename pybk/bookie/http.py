@@ -71,6 +71,7 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         """The last scrub's result (null before the first run)."""
         last = scrubber.last if scrubber else None
         return web.json_response({"last": last.to_json() if last else None, "enabled": scrubber is not None,
+                                  "running": bool(scrubber and scrubber.running),
                                   "interval": scrubber.interval if scrubber else 0})
 
     async def scrub_run(request: web.Request) -> web.Response:

@@ -200,9 +200,14 @@ class Scrubber:
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="scrub")
 
+    @property
+    def running(self) -> bool:
+        """A scrub is in progress."""
+        return self._running is not None and not self._running.done()
+
     async def scrub(self) -> ScrubResult:
         """Run one scrub now, or join the one in progress; its result (also kept as `last`)."""
-        if self._running is None or self._running.done():
+        if not self.running:
             self._running = asyncio.get_running_loop().create_task(self._run(), name="scrub")
         return await asyncio.shield(self._running)
 
@@ -227,10 +232,11 @@ class Scrubber:
                 if step.bad:
                     for ledger, entry in await storage.drop_locations(step.bad):
                         result.add_bad(ledger, entry)
-                        self._unmarked.add(ledger)
-                    room = MAX_PROBLEMS - len(result.problems)
-                    result.problems += step.problems[:max(room, 0)]
-                    for problem in step.problems:
+                        if self.underreplication is not None:
+                            self._unmarked.add(ledger)
+                    kept = step.problems[:max(MAX_PROBLEMS - len(result.problems), 0)]
+                    result.problems += kept
+                    for problem in kept:  # the first few; the summary at the end counts them all
                         log.error("scrub: %s", problem)
                 await asyncio.sleep(max((time.monotonic() - s0) * REST_FACTOR, 0.001))
         except ScrubError as exc:
@@ -239,6 +245,9 @@ class Scrubber:
             log.error("scrub stopped: %s", exc)
         m.scrub_bad_entries.inc(result.bad_entries)
         m.scrub_files_missing.inc(len(result.files_missing))
+        if result.bad and self.underreplication is None:
+            result.mark_error = ("no metadata store (the bookie runs without --metadata-uri): ledgers not "
+                                 "marked under-replicated")
         if self._unmarked:
             await self._mark_pending(result)
         result.seconds = time.monotonic() - t0
@@ -256,11 +265,6 @@ class Scrubber:
 
     async def _mark_pending(self, result: ScrubResult | None = None) -> None:
         """Mark the ledgers that lost entries here under-replicated, naming this bookie."""
-        if self.underreplication is None:
-            if result is not None:
-                result.mark_error = ("no metadata store (the bookie runs without --metadata-uri): ledgers not "
-                                     "marked under-replicated")
-            return
         for ledger in sorted(self._unmarked):
             try:
                 await self.underreplication.mark(ledger, [self.bookie_id])
