@@ -21,9 +21,10 @@ reading a file other than "no such file" or EIO (e.g. EMFILE, EACCES).
 
 Pacing: the worker thread (one of its own, with descriptors of its own) checks at most
 STEP_ENTRIES entries or STEP_BYTES bytes per step, in one short LMDB read transaction, and closes its
-descriptors after each (a file compaction deleted meanwhile frees its space); the scrub then
-rests REST_FACTOR times as long as the step took, so it uses at most about a quarter of one core
-(a daily scrub has time) and adds and reads keep their pace.
+descriptors after each (a file compaction deleted meanwhile frees its space). The scrub then
+rests as long as the step took (half of one core at most) on an idle bookie, and BUSY_REST times
+as long (a twentieth) when the journal was written meanwhile, so adds keep their pace; a daily
+scrub has time.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ STEP_BYTES = 8 * 1024 * 1024
 MAX_PROBLEMS = 20  # problem descriptions kept in a result (all are counted)
 MARK_RETRY_SECONDS = 10.0
 MAX_OPEN_FILES = 64  # entry logs a step keeps open at once
-REST_FACTOR = 3.0  # after each step the scrub rests this many times as long as the step took
+IDLE_REST = 1.0  # after a step, rest this many times as long as the step took (no writes meanwhile)
+BUSY_REST = 19.0  # ... when the journal was written meanwhile: adds come first
 _MEDIA_ERRORS = (errno.EIO, errno.ENXIO)  # the disk failed to give these bytes: the entry is bad
 
 
@@ -224,6 +226,7 @@ class Scrubber:
                     raise ScrubError(f"{el.directory} does not exist (is the disk mounted?): not judging")
             while not scan.done:
                 s0 = time.monotonic()
+                written = storage.journal.position
                 step = await loop.run_in_executor(self._executor, scan.step)
                 result.entries_checked += step.checked
                 result.bytes_checked += step.nbytes
@@ -238,7 +241,8 @@ class Scrubber:
                     result.problems += kept
                     for problem in kept:  # the first few; the summary at the end counts them all
                         log.error("scrub: %s", problem)
-                await asyncio.sleep(max((time.monotonic() - s0) * REST_FACTOR, 0.001))
+                rest = BUSY_REST if storage.journal.position != written else IDLE_REST
+                await asyncio.sleep(max((time.monotonic() - s0) * rest, 0.001))
         except ScrubError as exc:
             result.error = str(exc)
             m.scrub_failures.inc()
