@@ -234,6 +234,10 @@ BOOKIE = Process("bookie", COMMON + (
     Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
     Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
            "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, Number(float, 0)),
+    Option("scrub_interval", "seconds between scrubs, which check every checkpointed entry against its "
+           "entry-log record (CRC32C) and give up unreadable ones so autorecovery copies them back, as "
+           "BookKeeper's localScrubPeriod (0 = only on request: POST /api/v1/bookie/scrub)", 86400.0,
+           Number(float, 0)),
     Option("compaction_threshold", "after garbage collection, rewrite entry logs whose live fraction is "
            "below this (0 = never)", 0.5, Number(float, 0)),
     Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, Number(int, 1)),

@@ -21,7 +21,7 @@ from pybk.ledger import entry_ranges
 from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
-from .index import Index
+from .index import KEY, Index
 from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, is_space_error,
                       read_mark, replay, write_mark)
 from .metrics import Metrics
@@ -518,6 +518,16 @@ class Bookie:
                     self.index.commit(el.append_sorted(sorted(items, key=lambda t: (t[0], t[1])), d), [])
                 plans.append((d, log_id, size, len(items)))
         return plans
+
+    # ---- scrubbing --------------------------------------------------------------------------
+
+    async def drop_locations(self, pairs: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
+        """Forget entries the scrubber found unreadable: packed (KEY, LOCATION) pairs, each dropped
+        only if the index still points at that location (a checkpoint or compaction that moved the
+        entry meanwhile wins). ListEntries then omits them and reads answer NO_ENTRY, so clients
+        and autorecovery turn to the other replicas. Returns the (ledger, entry) ids dropped."""
+        removed = await asyncio.get_running_loop().run_in_executor(None, self.index.delete_locations, pairs)
+        return [KEY.unpack(k) for k in removed]
 
     # ---- checkpoint -------------------------------------------------------------------------
 

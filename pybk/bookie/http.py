@@ -10,13 +10,14 @@ from pybk.meta import MetadataError, MetadataStore, NoSuchLedgerError
 
 from .bookie import Bookie
 from .gc import GarbageCollector
+from .scrub import Scrubber
 
 
 def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
              ready: Callable[[], Awaitable[tuple[bool, str]]], gc: GarbageCollector | None,
-             store: MetadataStore | None) -> web.Application:
-    """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc},
-    /api/v1/ledger/{list,metadata}.
+             store: MetadataStore | None, scrubber: Scrubber | None = None) -> web.Application:
+    """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc,scrub},
+    /api/v1/ledger/{list,metadata}. Anyone who reaches the admin port may call every route.
 
     info, state and ready describe the whole process; gc and store are None when the bookie runs
     without a metadata store."""
@@ -66,6 +67,24 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         except Exception as exc:  # noqa: BLE001 - report, do not crash
             return web.json_response({"error": str(exc)}, status=503)
 
+    async def scrub_status(request: web.Request) -> web.Response:
+        """The last scrub's result (null before the first run)."""
+        last = scrubber.last if scrubber else None
+        return web.json_response({"last": last.to_json() if last else None, "enabled": scrubber is not None,
+                                  "running": bool(scrubber and scrubber.running),
+                                  "interval": scrubber.interval if scrubber else 0})
+
+    async def scrub_run(request: web.Request) -> web.Response:
+        """Scrub now (or join the scrub in progress) and answer its result; it may take long on a
+        big bookie and goes on if the caller disconnects. Anyone who reaches the admin port may
+        call it: it only drops entries this bookie cannot read."""
+        if scrubber is None:
+            return web.json_response({"error": "this bookie has no scrubber"}, status=409)
+        try:
+            return web.json_response((await scrubber.scrub()).to_json())
+        except Exception as exc:  # noqa: BLE001 - report, do not crash
+            return web.json_response({"error": f"scrub failed: {exc}"}, status=503)
+
     async def ledger_list(request: web.Request) -> web.Response:
         """Ledgers this bookie holds, with their LAC and fenced flag (?entries=true adds ranges)."""
         with_entries = request.query.get("entries", "").lower() in ("1", "true", "yes")
@@ -100,6 +119,8 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
     app.router.add_get("/api/v1/bookie/gc", gc_status)
     app.router.add_post("/api/v1/bookie/gc", gc_run)
     app.router.add_put("/api/v1/bookie/gc", gc_run)
+    app.router.add_get("/api/v1/bookie/scrub", scrub_status)
+    app.router.add_post("/api/v1/bookie/scrub", scrub_run)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/bookie/info", get_info)
     app.router.add_get("/api/v1/bookie/state", get_state)

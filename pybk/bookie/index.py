@@ -86,5 +86,28 @@ class Index:
                 txn.delete(LEDGER_KEY.pack(ledger), db=self.ledgers)
         return removed
 
+    def locations_after(self, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` packed (KEY, LOCATION) pairs in key order, from the first key past
+        `after` (None: from the start): a scan in bounded steps, one short read transaction each."""
+        out: list[tuple[bytes, bytes]] = []
+        with self.env.begin(db=self.locations) as txn:
+            cur = txn.cursor()
+            found = cur.first() if after is None else cur.set_range(after + b"\0")
+            while found and len(out) < limit:
+                out.append((cur.key(), cur.value()))
+                found = cur.next()
+        return out
+
+    def delete_locations(self, pairs: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+        """Drop the given packed (KEY, LOCATION) pairs in one transaction, each only if the key
+        still points at that location (a checkpoint or compaction that moved it meanwhile wins);
+        returns the keys removed."""
+        removed: list[bytes] = []
+        with self.env.begin(write=True, db=self.locations) as txn:
+            for key, location in pairs:
+                if txn.get(key) == location and txn.delete(key):
+                    removed.append(key)
+        return removed
+
     def close(self) -> None:
         self.env.close()

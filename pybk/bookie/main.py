@@ -25,6 +25,7 @@ from .gc import GarbageCollector
 from .http import make_app
 from .journal import JournalCorruptError
 from .registration import Registration
+from .scrub import Scrubber
 from .service import BookieService, make_server
 
 log = logging.getLogger("pybk.bookie")
@@ -69,6 +70,7 @@ class BookieServer:
         self.storage = Bookie(self.journal_dir, self.ledger_dirs, opts)
         self.registration: Registration | None = None
         self.gc: GarbageCollector | None = None
+        self.scrubber: Scrubber | None = None
         self.serving = False
         self._probe: BookieClient | None = None  # this process's client of its own gRPC port
         self._stop = asyncio.Event()
@@ -172,7 +174,10 @@ class BookieServer:
         store = self.registration.store if self.registration else None
         if store is not None:
             self.gc = GarbageCollector(self.storage, store.ledgers, self.cfg["gc_interval"])
-        app = make_app(self.storage, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store)
+        self.scrubber = Scrubber(self.storage, self.cfg["scrub_interval"], self.bookie_id,
+                                 store.underreplication if store is not None else None)
+        app = make_app(self.storage, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store,
+                       scrubber=self.scrubber)
         embedded = None
         if self.registration:
             from pybk.recovery.embedded import mount
@@ -184,6 +189,7 @@ class BookieServer:
         site = web.SockSite(runner, http_sock)
         await site.start()
         self.serving = True
+        self.scrubber.start()
         if self.registration:
             self.storage.on_read_only_change = self.registration.read_only_changed
             self.registration.start()
@@ -198,6 +204,7 @@ class BookieServer:
         await self._stop.wait()
         log.info("stopping")
         self.serving = False
+        await self.scrubber.close()
         if self.registration:
             await embedded.stop()
             await self.gc.close()

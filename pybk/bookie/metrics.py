@@ -34,6 +34,19 @@ class Metrics:
         self.read_only = Gauge("pybk_bookie_read_only", "1 when the bookie is read-only", registry=r)
         self.disk_usage = Gauge("pybk_bookie_disk_usage_ratio", "used fraction of the bookie's disk", registry=r)
         self.ledgers = Gauge("pybk_bookie_ledgers", "ledgers known to this bookie", registry=r)
+        self.scrub_runs = Counter("pybk_scrub_runs", "scrub runs finished (stopped early ones too)", registry=r)
+        self.scrub_failures = Counter("pybk_scrub_failures", "scrub runs stopped early because the files could "
+                                      "not be looked at (see the log)", registry=r)
+        self.scrub_entries_checked = Counter("pybk_scrub_entries_checked", "index entries the scrubber checked "
+                                             "against their entry-log records", registry=r)
+        self.scrub_bad_entries = Counter("pybk_scrub_bad_entries", "entries found unreadable by the scrubber and "
+                                         "dropped from the index (to be re-replicated)", registry=r)
+        self.scrub_files_missing = Counter("pybk_scrub_files_missing", "entry log files the index points at "
+                                           "that the scrubber found missing", registry=r)
+        self.scrub_last_run = Gauge("pybk_scrub_last_run_timestamp_seconds", "when the last scrub run ended "
+                                    "(Unix time)", registry=r)
+        self.scrub_last_run_seconds = Gauge("pybk_scrub_last_run_duration_seconds", "how long the last scrub "
+                                            "run took", registry=r)
 
     def journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:
         self.journal_fsync.observe(seconds)

@@ -1,0 +1,76 @@
+"""Entries a bookie lost on disk come back: its scrubber drops them and marks their ledgers, and
+autorecovery (with no periodic check, so only the bookie's own markers can drive it) copies them back
+from the other replicas. Real etcd, real bookie and autorecovery processes, real damaged files."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.bookie.entrylog import LOG_HEADER
+from pybk.client import BookKeeper
+from pybk.ledger import entry_ranges
+from pybk.meta import MetadataStore
+
+from entrylog_files import records
+from recovery_checks import PASSWORD, assert_fully_replicated, eventually
+
+
+async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies, short_lease_uri, autorecovery):
+    # 1 KiB entry logs: every checkpoint (here: every clean restart) starts a new log file
+    procs = bookies(3, metadata_uri=short_lease_uri, registration_ttl=2, entrylog_max_file_size="1KiB")
+    victim = procs[0]
+    store = await MetadataStore.connect(short_lease_uri)
+    bk = await BookKeeper.connect(short_lease_uri)
+    try:
+        written: dict[int, list[bytes]] = {}
+        for _ in range(3):  # one ledger per entry log of the victim
+            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
+            payloads = [os.urandom(500) for _ in range(300)]
+            await asyncio.gather(*(lh.add_entry_async(p) for p in payloads))
+            await lh.close()
+            written[lh.ledger_id] = payloads
+            await asyncio.to_thread(victim.restart)
+        flipped, cut, deleted = written
+        await asyncio.to_thread(victim.stop)
+        logs = sorted((victim.ledger_dirs[0] / "entrylogs").glob("entrylog-*.log"))
+        held = [records(p) for p in logs[:3]]
+        assert [{r[0] for r in recs} for recs in held] == [{flipped}, {cut}, {deleted}]
+
+        with open(logs[0], "r+b") as f:  # bit rot in two records
+            for _, e, off, n in held[0]:
+                if e in (10, 250):
+                    f.seek(off + n - 3)
+                    f.write(b"\xde\xad\xbe")
+        _, _, off, _ = next(r for r in held[1] if r[1] == 120)
+        os.truncate(logs[1], off + LOG_HEADER + 7)  # cut inside entry 120's body
+        logs[2].unlink()
+        lost = {flipped: [10, 250], cut: list(range(120, 300)), deleted: list(range(300))}
+        await asyncio.to_thread(victim.start)
+
+        result = await asyncio.to_thread(victim.http_json, "/api/v1/bookie/scrub", "POST", None, 60)
+        assert result["bad_by_ledger"] == {str(lid): [list(r) for r in entry_ranges(ids)]
+                                           for lid, ids in sorted(lost.items())}, result
+        assert result["marked_under_replicated"] == sorted(lost) and result["files_missing"] == [str(logs[2])]
+        for lid in lost:
+            marker = await store.underreplication.get(lid)
+            assert marker is not None and marker.missing == [victim.bookie_id]
+        async with await BookieClient.connect(victim.address) as c:
+            for lid, ids in lost.items():
+                assert await c.list_entries(lid) == entry_ranges(sorted(set(range(300)) - set(ids)))
+                try:
+                    await c.read(lid, ids[0])
+                    raise AssertionError(f"entry {lid}:{ids[0]} still readable after the scrub dropped it")
+                except BookieError as exc:
+                    assert exc.code is Status.NO_ENTRY, exc
+
+        autorecovery()
+        await eventually(lambda: _no_markers(store), 120, what="autorecovery to repair the scrubbed ledgers")
+        await assert_fully_replicated(store, {p.bookie_id: p.address for p in procs}, written)
+    finally:
+        await bk.close()
+        await store.close()
+
+
+async def _no_markers(store) -> bool:
+    return not await store.underreplication.count()
