@@ -1,0 +1,132 @@
+"""A missing or cut journal file is noticed at start: the bookie refuses, naming the file and what
+to do, unless the operator accepts the loss, which the bookie then reports to the metadata store.
+A torn tail after a crash is still accepted. Real bookie processes on real files."""
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+
+import pytest
+
+from pybk import entry
+from pybk.bookie.client import BookieClient
+from pybk.bookie.journal import FILE_HEADER_SIZE, Journal, Mark, RecordType, encode_record, journal_files, replay
+from pybk.meta import MetadataStore
+
+KEY = entry.master_key(b"journal")
+ENTRIES = 2000
+
+
+def body(ledger: int, eid: int) -> bytes:
+    return entry.encode(ledger, eid, eid - 1, random.Random(ledger * 7919 + eid).randbytes(300))
+
+
+async def write_and_kill(bk, ledger: int = 5) -> dict[int, bytes]:
+    """Acknowledged adds that are only in the journal (no checkpoint ran), then kill -9."""
+    acked = {e: body(ledger, e) for e in range(ENTRIES)}
+    async with await BookieClient.connect(bk.address, wait=30) as c:
+        for first in range(0, ENTRIES, 200):
+            await asyncio.gather(*(c.add(ledger, e, acked[e], master_key=KEY) for e in range(first, first + 200)))
+    await asyncio.to_thread(bk.kill)
+    return acked
+
+
+def refused_start(bk) -> tuple[int, str]:
+    """Run the bookie's command line once; (exit code, first stderr line) of a refused start."""
+    res = subprocess.run(bk._argv(), capture_output=True, text=True, timeout=120)
+    return res.returncode, (res.stderr.strip().splitlines() or [""])[0]
+
+
+def says(first_line: str, path, *words: str) -> bool:
+    """The line names path and, after it, every word (the path itself may contain any of them)."""
+    head, _, rest = first_line.partition(str(path))
+    return bool(_) and all(w in rest for w in words)
+
+
+def bookie_options(**extra):
+    return dict(metadata_uri=None, checkpoint_interval=3600, journal_max_file_size="64KiB",
+                journal_prealloc_size="64KiB", **extra)
+
+
+async def test_a_deleted_journal_file_refuses_start_naming_the_file(bookies):
+    bk, = bookies(1, **bookie_options())
+    await write_and_kill(bk)
+    files = journal_files(bk.journal_dir)
+    assert len(files) > 4
+    _, gone = files[len(files) // 2]
+    gone.unlink()
+    code, first_line = refused_start(bk)
+    assert code == 3
+    assert says(first_line, gone, "is missing", "--accept-journal-loss")
+
+
+async def test_the_newest_journal_file_deleted_refuses_start(bookies):
+    bk, = bookies(1, **bookie_options())
+    await write_and_kill(bk)
+    _, newest = journal_files(bk.journal_dir)[-1]
+    newest.unlink()
+    code, first_line = refused_start(bk)
+    assert code == 3 and says(first_line, newest, "is missing")
+
+
+@pytest.mark.parametrize("which", ["older", "newest"])
+async def test_a_journal_file_cut_mid_file_refuses_start(bookies, which):
+    """Cut in the middle (not at a record boundary, as a torn tail would be): an older file is
+    shorter than the next file's header says; the newest, preallocated, ends inside its data."""
+    bk, = bookies(1, **bookie_options())
+    await write_and_kill(bk)
+    files = [p for _, p in journal_files(bk.journal_dir) if p.stat().st_size > FILE_HEADER_SIZE]
+    path = files[0] if which == "older" else files[-1]
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2 + 7)
+    code, first_line = refused_start(bk)
+    assert code == 3 and says(first_line, path, "cut")
+
+
+async def test_accepted_journal_loss_starts_and_marks_the_bookies_ledgers_under_replicated(bookies, metadata_uri):
+    bk, = bookies(1, **{**bookie_options(), "metadata_uri": metadata_uri})
+    async with await MetadataStore.connect(metadata_uri) as store:
+        md = await store.ledgers.create([bk.bookie_id], 1, 1, master_key=KEY)
+        other = await store.ledgers.create(["127.0.0.1:1"], 1, 1, master_key=KEY)
+        acked = await write_and_kill(bk, md.ledger_id)
+        files = journal_files(bk.journal_dir)
+        _, gone = files[len(files) // 2]
+        gone.unlink()
+        assert refused_start(bk)[0] == 3
+        bk.options["accept_journal_loss"] = True
+        await asyncio.to_thread(bk.start)
+        marker = await store.underreplication.get(md.ledger_id)
+        assert marker is not None and marker.missing == [bk.bookie_id]
+        assert await store.underreplication.get(other.ledger_id) is None
+        assert "journal loss accepted" in bk.log_path.read_text() and str(gone) in bk.log_path.read_text()
+        async with await BookieClient.connect(bk.address, wait=30) as c:
+            held = await c.list_entries(md.ledger_id)
+        kept = {e for first, last in held for e in range(first, last + 1)}
+        assert kept and len(kept) < len(acked)
+        # the loss is recorded once: a plain restart is clean, without the flag
+        bk.options.pop("accept_journal_loss")
+        await asyncio.to_thread(bk.restart)
+        async with await BookieClient.connect(bk.address, wait=30) as c:
+            for e in sorted(kept):
+                assert await c.read(md.ledger_id, e) == acked[e]
+
+
+async def test_a_torn_tail_in_a_preallocated_journal_file_is_accepted(tmp_path):
+    """A crash mid-group leaves a record half written and zeros after it: replay cuts it off and
+    keeps every record before it (the torn one was never acknowledged)."""
+    j = Journal(tmp_path, prealloc=64 * 1024)
+    j.open()
+    for i in range(10):
+        await j.append(encode_record(RecordType.ADD, 1, i, b"z" * 50))
+    await j.close()
+    (_, path), = journal_files(tmp_path)
+    assert path.stat().st_size == 64 * 1024
+    last = FILE_HEADER_SIZE + 9 * 75
+    with open(path, "r+b") as f:
+        f.seek(last + 40)
+        f.write(bytes(35))
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
+    assert path.stat().st_size == 64 * 1024
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
