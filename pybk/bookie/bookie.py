@@ -25,7 +25,7 @@ from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
 from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
                       check as check_journal, encode_record, encode_records, is_space_error, journal_files,
-                      read_mark, replay, scan_file, write_mark)
+                      fsync_dir, read_mark, replay, scan_file, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
 from .writecache import WriteCache
@@ -108,7 +108,8 @@ class Bookie:
     async def start(self) -> None:
         """Check the index and the journal against each other, open them, replay the journal from
         the mark, start the writer. IndexDamagedError or JournalGapError stop it (the latter not
-        with accept_journal_loss: the loss is then logged, kept for reporting, and checkpointed past)."""
+        with accept_journal_loss: the loss is then logged, kept for reporting, every ledger held is
+        fenced, since a fence recorded in the lost range is gone too, and a checkpoint moves past it)."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         for d in self.ledger_dirs:
             d.mkdir(parents=True, exist_ok=True)
@@ -139,6 +140,8 @@ class Bookie:
         self.metrics.ledgers.set(len(self.ledgers))
         self.started = True
         if gaps:
+            for st in self.ledgers.values():  # a lost FENCE record must not let a zombie writer back in
+                st.fenced = st.dirty = True
             await self.checkpoint()  # the mark moves past the gaps: the next start finds the journal whole
         log.info("storage started: %d ledgers, %d journal records replayed from %s", len(self.ledgers),
                  self.replayed, mark)
@@ -150,8 +153,12 @@ class Bookie:
                       "lost on this bookie", gap)
         lost = self.pending_journal_loss() + [str(g) for g in gaps]
         tmp = self.journal_dir / (JOURNAL_LOSS_FILE + ".tmp")
-        tmp.write_text(json.dumps({"lost": lost, "since_ms": int(time.time() * 1000)}))
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"lost": lost, "since_ms": int(time.time() * 1000)}))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.journal_dir / JOURNAL_LOSS_FILE)
+        fsync_dir(self.journal_dir)
 
     def pending_journal_loss(self) -> list[str]:
         """Accepted journal gaps not yet reported (they survive restarts until reported)."""

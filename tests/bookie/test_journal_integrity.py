@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient
+from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.bookie.journal import FILE_HEADER_SIZE, Journal, Mark, RecordType, encode_record, journal_files, replay
 from pybk.meta import MetadataStore
 
@@ -103,6 +103,9 @@ async def test_accepted_journal_loss_starts_and_marks_the_bookies_ledgers_under_
         assert "journal loss accepted" in bk.log_path.read_text() and str(gone) in bk.log_path.read_text()
         async with await BookieClient.connect(bk.address, wait=30) as c:
             held = await c.list_entries(md.ledger_id)
+            with pytest.raises(BookieError) as err:  # a fence in the lost range must not be forgotten
+                await c.add(md.ledger_id, ENTRIES, body(md.ledger_id, ENTRIES), master_key=KEY)
+            assert err.value.code is Status.FENCED
         kept = {e for first, last in held for e in range(first, last + 1)}
         assert kept and len(kept) < len(acked)
         # the loss is recorded once: a plain restart is clean, without the flag
