@@ -133,3 +133,33 @@ async def test_a_torn_tail_in_a_preallocated_journal_file_is_accepted(tmp_path):
     assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
     assert path.stat().st_size == 64 * 1024
     assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
+
+
+async def test_entries_lost_with_the_journal_are_copied_back_by_autorecovery(bookies, metadata_uri):
+    """After an accepted loss the bookie's ledgers are marked under-replicated and autorecovery
+    (embedded in the bookies) copies every entry it lost back to it, byte for byte."""
+    from pybk.client import BookKeeper
+
+    procs = bookies(3, **{**bookie_options(), "metadata_uri": metadata_uri, "autorecovery": True,
+                          "lost_bookie_delay": 600, "poll_interval": 0.2, "audit_interval": 0})
+    async with await BookKeeper.connect(metadata_uri) as client:
+        lh = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        for first in range(0, ENTRIES, 200):
+            await asyncio.gather(*(lh.add_entry_async(random.Random(e).randbytes(300))
+                                   for e in range(first, first + 200)))
+        await lh.close()
+    victim, healthy = procs[0], procs[1]
+    await asyncio.to_thread(victim.kill)
+    files = journal_files(victim.journal_dir)
+    files[len(files) // 2][1].unlink()
+    victim.options["accept_journal_loss"] = True
+    await asyncio.to_thread(victim.start)
+    assert "journal loss reported: 1 ledgers marked under-replicated" in victim.log_path.read_text()
+    async with await BookieClient.connect(victim.address, wait=30) as c:
+        deadline = asyncio.get_running_loop().time() + 120
+        while await c.list_entries(lh.ledger_id) != [(0, ENTRIES - 1)]:
+            assert asyncio.get_running_loop().time() < deadline, "autorecovery did not copy the lost entries back"
+            await asyncio.sleep(0.3)
+        async with await BookieClient.connect(healthy.address, wait=30) as h:
+            for e in range(ENTRIES):
+                assert await c.read(lh.ledger_id, e) == await h.read(lh.ledger_id, e), f"entry {e} differs"
