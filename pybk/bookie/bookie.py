@@ -25,7 +25,7 @@ from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
 from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
                       check as check_journal, encode_record, encode_records, is_space_error, journal_files,
-                      fsync_dir, read_mark, replay, scan_file, write_mark)
+                      fsync_dir, read_head, read_mark, replay, scan_file, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
 from .writecache import WriteCache
@@ -118,7 +118,7 @@ class Bookie:
         holds_data = mark.seq > 0 or _has_entry_logs(self.ledger_dirs)
         await loop.run_in_executor(None, inspect, index_dir(self.ledger_dirs[0]), holds_data)
         self.index = Index(self.ledger_dirs[0], sync=self.opts.fsync)
-        self.index.check_current(mark, holds_data)
+        self.index.check_current(mark, holds_data, read_head(self.journal_dir).journal_id)
         gaps = check_journal(self.journal_dir, mark)
         if gaps and not self.opts.accept_journal_loss:
             raise JournalGapError(gaps)
@@ -132,6 +132,7 @@ class Bookie:
                                self.opts.group_max_bytes, self.opts.fsync, self._journal_synced,
                                self._journal_failed, self.opts.journal_inline_bytes, self.opts.journal_prealloc)
         self.journal.open()
+        self.index.bind_journal(self.journal.journal_id)
         self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
         self._update_disk_state()
         self.metrics.read_only.set(int(self.read_only))
@@ -811,6 +812,9 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
                 missing_keys += not st.master_key
         mark = read_mark(Path(journal_dir))
         index.commit([], [(ledger, st.to_bytes()) for ledger, st in states.items()], mark)
+        journal_id = read_head(Path(journal_dir)).journal_id
+        if journal_id:
+            index.bind_journal(journal_id)
     finally:
         index.close()
     return {"index": str(idir / "data.mdb"), "old_index": str(aside) if aside else None, "entries": entries,

@@ -2,7 +2,7 @@
 
 db `locations`: key (ledger u64 BE, entry u64 BE) -> (dir u16, log id u32, offset u64).
 db `ledgers`:   key ledger u64 BE -> LedgerState.to_bytes().
-db `meta`:      b"instance" -> 16 random bytes made when the index was created;
+db `meta`:      b"journal" -> the id of the journal this index belongs to (journal.head);
                 b"checkpoint" -> the journal mark (seq u64, offset u64) of the last checkpoint,
                 written in the same transaction as that checkpoint's locations.
 One environment per process; one write transaction per checkpoint.
@@ -11,14 +11,14 @@ Failure modes, checked by `inspect` before the bookie maps the file: `data.mdb` 
 while the bookie holds data (a journal mark or entry logs exist); cut shorter than its own meta
 pages say (mapping it would SIGBUS on the first access past the end); damaged pages (every
 database is walked in a child process, so a crash there cannot take the bookie down); no
-checkpoint record, or one older than the journal mark (a stale or foreign index). Each is an
+checkpoint record, or one older than the journal mark (a stale index); a journal id other than
+the journal's (an index of another bookie or of an earlier life of this one). Each is an
 IndexDamagedError naming the file and the rebuild command. The walk reads every page once per
 start (about a second per few million entries). Not detected: an index that is intact and
 current but lacks entries for another reason (the scrubber checks entries against it).
 """
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 import sys
@@ -32,7 +32,7 @@ LEDGER_KEY = struct.Struct(">Q")
 LOCATION = struct.Struct(">HIQ")
 CHECKPOINT = struct.Struct(">QQ")
 DATA_FILE = "data.mdb"
-_INSTANCE, _CHECKPOINT = b"instance", b"checkpoint"
+_JOURNAL, _CHECKPOINT = b"journal", b"checkpoint"
 # LMDB's two meta pages (pages 0 and 1, little-endian on the machines we run on): page header
 # 16 bytes, then magic u32, version u32, address, map size, two 48-byte db records (the first's
 # md_pad is the page size), last page number u64, txn id u64.
@@ -138,8 +138,11 @@ class Index:
         self.locations = self.env.open_db(b"locations")
         self.ledgers = self.env.open_db(b"ledgers")
         self.meta = self.env.open_db(b"meta")
+
+    def bind_journal(self, journal_id: bytes) -> None:
+        """Record which journal this index belongs to (once: an index keeps its journal)."""
         with self.env.begin(write=True, db=self.meta) as txn:
-            txn.put(_INSTANCE, os.urandom(16), overwrite=False)
+            txn.put(_JOURNAL, journal_id, overwrite=False)
 
     def commit(self, locations: list[tuple[bytes, bytes]], ledgers: Iterable[tuple[int, bytes]],
                checkpoint: tuple[int, int] | None = None) -> None:
@@ -160,9 +163,16 @@ class Index:
             v = txn.get(_CHECKPOINT)
         return CHECKPOINT.unpack(v) if v is not None else None
 
-    def check_current(self, mark: tuple[int, int], expect_data: bool) -> None:
-        """IndexDamagedError unless the index's checkpoint record is at or past the journal mark
-        (past it by one checkpoint when the bookie stopped between index commit and mark write)."""
+    def check_current(self, mark: tuple[int, int], expect_data: bool, journal_id: bytes = b"") -> None:
+        """IndexDamagedError unless the index belongs to this journal and its checkpoint record is at
+        or past the journal mark (past it by one checkpoint when the bookie stopped between index
+        commit and mark write)."""
+        with self.env.begin(db=self.meta) as txn:
+            bound = txn.get(_JOURNAL)
+        if bound is not None and journal_id and bytes(bound) != journal_id:
+            raise IndexDamagedError(self.path, f"belongs to journal {bytes(bound).hex()}, not to this bookie's "
+                                               f"journal {journal_id.hex()}: it was copied from another bookie "
+                                               "or kept from an earlier life of this one")
         recorded = self.checkpoint()
         if recorded is None:
             if expect_data:

@@ -27,7 +27,8 @@ elsewhere.
 Integrity: the files and the mark must agree, else start-up refuses (JournalGapError) unless the
 operator accepts the loss. Every file starts with a FILE_HEADER record (ledger = its seq, entry =
 the previous file's final length, -1 for none; body = its preallocation chunk, u64). `journal.head`
-(written atomically after a file is created) holds the highest seq created. With preallocation
+(written atomically after a file is created) holds the highest seq created and the journal's
+random id, which the index records. With preallocation
 (`prealloc` > 0, as BookKeeper's journalPreAllocSizeMB) a file is extended in whole chunks before
 data goes there, always leaving at least a zeroed record header after the data: replay stops at
 the first zeroed header, and an intact file's size is a multiple of its chunk.
@@ -201,7 +202,14 @@ def _write_checked(path: Path, layout: struct.Struct, *fields: int) -> None:
 
 
 _MARK_FIELDS = struct.Struct(">QQ")
-_HEAD_FIELDS = struct.Struct(">Q")
+_HEAD_FIELDS = struct.Struct(">Q16s")
+
+
+class Head(NamedTuple):
+    """journal.head: the highest file seq created and the journal's random id (made with its
+    first file; the index records it, so an index from another journal is refused)."""
+    seq: int
+    journal_id: bytes
 
 
 def read_mark(directory: Path) -> Mark:
@@ -215,10 +223,10 @@ def write_mark(directory: Path, mark: Mark) -> None:
     _write_checked(directory / MARK_FILE, _MARK_FIELDS, mark.seq, mark.offset)
 
 
-def read_head(directory: Path) -> int:
-    """The highest journal file seq ever created here, 0 when none was."""
+def read_head(directory: Path) -> Head:
+    """journal.head, or (0, b"") when no journal file was ever created here."""
     fields = _read_checked(directory / HEAD_FILE, _HEAD_FIELDS)
-    return fields[0] if fields else 0
+    return Head(*fields) if fields else Head(0, b"")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -261,13 +269,15 @@ def survey(directory: Path, mark: Mark) -> tuple[int, dict[int, FileFacts]]:
         with open(path, "rb") as f:
             head = f.read(FILE_HEADER_SIZE)
             files[seq] = FileFacts(os.fstat(f.fileno()).st_size, parse_file_header(head))
-    return read_head(directory), files
+    return read_head(directory).seq, files
 
 
 def find_gaps(directory: Path, mark: Mark, head: int, files: dict[int, FileFacts]) -> list[JournalGap]:
     """Where the journal files disagree with the mark, journal.head and their own headers (pure:
     survey() gathers the facts). Empty for an intact journal; see the module doc for the rules."""
-    path = lambda seq: journal_path(directory, seq)  # noqa: E731
+    def path(seq: int) -> Path:
+        return journal_path(directory, seq)
+
     # A file past journal.head with no intact header was being created when the bookie stopped.
     files = {s: f for s, f in files.items() if f.header is not None or s <= head}
     if not head:
@@ -411,12 +421,15 @@ class Journal:
         self._written = Mark(0, 0)
         self._error: BaseException | None = None
         self._busy = False
+        self.journal_id = b""  # set by open() from journal.head (or made new)
 
     def open(self) -> None:
         """Start a fresh journal file after the last one ever created (call after replay)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         files = journal_files(self.directory)
-        last = max(read_head(self.directory), files[-1][0] if files else 0)
+        head = read_head(self.directory)
+        self.journal_id = head.journal_id or os.urandom(16)
+        last = max(head.seq, files[-1][0] if files else 0)
         prev = journal_path(self.directory, last)
         self._roll(last + 1, prev.stat().st_size if last and prev.exists() else -1)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="journal-writer")
@@ -434,7 +447,7 @@ class Journal:
             os.pwrite(fd, header, 0)
             os.fdatasync(fd)
             fsync_dir(self.directory)
-            _write_checked(self.directory / HEAD_FILE, _HEAD_FIELDS, seq)
+            _write_checked(self.directory / HEAD_FILE, _HEAD_FIELDS, seq, self.journal_id)
         except BaseException:  # e.g. no room to preallocate: go on in the current file
             os.close(fd)
             path.unlink(missing_ok=True)

@@ -74,3 +74,17 @@ async def test_a_damaged_index_refuses_start_and_the_rebuild_restores_every_entr
         for lg in LEDGERS:
             assert await c.list_entries(lg) == [(0, ENTRIES - 1)]
         assert await c.read_lac(11) == ENTRIES - 1
+
+
+async def test_an_index_copied_from_another_bookie_refuses_start(bookies):
+    mine, other = bookies(2, metadata_uri=None, checkpoint_interval=3600)
+    for bk in (mine, other):
+        async with await BookieClient.connect(bk.address, wait=30) as c:
+            await asyncio.gather(*(c.add(11, e, body(11, e), master_key=KEY) for e in range(100)))
+        await asyncio.to_thread(bk.stop)
+    data = mine.ledger_dirs[0] / "index" / DATA_FILE
+    data.write_bytes((other.ledger_dirs[0] / "index" / DATA_FILE).read_bytes())
+    refused = run_cli(mine)
+    first_line = (refused.stderr.strip().splitlines() or [""])[0]
+    assert refused.returncode == 3
+    assert str(data) in first_line and "belongs to journal" in first_line and "--rebuild-index" in first_line
