@@ -119,6 +119,9 @@ class Bookie:
         await loop.run_in_executor(None, inspect, index_dir(self.ledger_dirs[0]), holds_data)
         self.index = Index(self.ledger_dirs[0], sync=self.opts.fsync)
         self.index.check_current(mark, holds_data, read_head(self.journal_dir).journal_id)
+        # The index holds everything before its checkpoint record: replay may start there (it is
+        # the mark itself, or one checkpoint later, or the only mark left if journal.mark was lost).
+        mark = max(mark, Mark(*(self.index.checkpoint() or (0, 0))))
         gaps = check_journal(self.journal_dir, mark)
         if gaps and not self.opts.accept_journal_loss:
             raise JournalGapError(gaps)

@@ -28,10 +28,10 @@ Integrity: the files and the mark must agree, else start-up refuses (JournalGapE
 operator accepts the loss. Every file starts with a FILE_HEADER record (ledger = its seq, entry =
 the previous file's final length, -1 for none; body = its preallocation chunk, u64). `journal.head`
 (written atomically after a file is created) holds the highest seq created and the journal's
-random id, which the index records. With preallocation
-(`prealloc` > 0, as BookKeeper's journalPreAllocSizeMB) a file is extended in whole chunks before
-data goes there, always leaving at least a zeroed record header after the data: replay stops at
-the first zeroed header, and an intact file's size is a multiple of its chunk.
+random id, which the index records. With preallocation (`prealloc` > 0, as BookKeeper's
+journalPreAllocSizeMB) a file is extended in whole chunks before data goes there, always leaving
+at least a zeroed record header after the data: replay stops at the first zeroed header, and an
+intact file's size is a multiple of its chunk.
 
 Detected at start (from the mark's file on): a missing file (a seq between the mark and
 journal.head, or a gap between files); a file shorter than the next file's header says; a file
@@ -286,7 +286,7 @@ def find_gaps(directory: Path, mark: Mark, head: int, files: dict[int, FileFacts
                                "files may have been deleted")]
         return []
     gaps: list[JournalGap] = []
-    first = mark.seq or min(files, default=head)
+    first = mark.seq or 1  # before the first checkpoint no file was deleted
     for seq in range(first, max(head, max(files, default=0)) + 1):
         facts = files.get(seq)
         if facts is None:
