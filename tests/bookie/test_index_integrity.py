@@ -88,3 +88,31 @@ async def test_an_index_copied_from_another_bookie_refuses_start(bookies):
     first_line = (refused.stderr.strip().splitlines() or [""])[0]
     assert refused.returncode == 3
     assert str(data) in first_line and "belongs to journal" in first_line and "--rebuild-index" in first_line
+
+
+async def test_the_rebuild_restores_master_keys_from_the_ledger_metadata(bookies, metadata_uri):
+    """Master keys went with the index and, after a checkpoint, with the journal: the rebuild takes
+    them from the ledger metadata, so a wrong key is still refused afterwards."""
+    from pybk.bookie.client import BookieError, Status
+    from pybk.meta import MetadataStore
+
+    bk, = bookies(1, checkpoint_interval=3600)
+    async with await MetadataStore.connect(metadata_uri) as store:
+        md = await store.ledgers.create([bk.bookie_id], 1, 1, master_key=KEY)
+    async with await BookieClient.connect(bk.address, wait=30) as c:
+        await asyncio.gather(*(c.add(md.ledger_id, e, body(md.ledger_id, e), master_key=KEY) for e in range(100)))
+    await asyncio.to_thread(bk.restart)  # the next checkpoint deletes the journal file with the key
+    await asyncio.to_thread(bk.stop)
+    assert not any(b"\x03" + md.ledger_id.to_bytes(8, "big") in p.read_bytes()
+                   for p in bk.journal_dir.glob("journal-*.log")), "the master key record is still journaled"
+    (bk.ledger_dirs[0] / "index" / DATA_FILE).unlink()
+    rebuilt = run_cli(bk, "--rebuild-index")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    summary = json.loads(rebuilt.stdout.strip().splitlines()[-1])
+    assert (summary["ledgers"], summary["ledgers_without_master_key"]) == (1, 0)
+    await asyncio.to_thread(bk.start)
+    async with await BookieClient.connect(bk.address, wait=30) as c:
+        with pytest.raises(BookieError) as err:
+            await c.fence(md.ledger_id, entry.master_key(b"wrong"))
+        assert err.value.code is Status.UNAUTHORIZED
+        assert await c.read(md.ledger_id, 99) == body(md.ledger_id, 99)
