@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("pybk.operator.main", "run the Kubernetes operator for BookieCluster resources"),
     "local": ("pybk.local.main", "run a local cluster (etcd + bookies + autorecovery) as child processes"),
     "shell": ("pybk.shell", "inspect and administer a cluster (list bookies, ledgers, read, ...)"),
-    "bench": ("pybk.bench", "benchmarks: bookie, meta, write, read, recovery, spark, floor"),
+    "bench": ("pybk.bench", "benchmarks: bookie, meta, write, read, recovery, spark, floor, open-recovery"),
 }
 
 

@@ -1,4 +1,5 @@
-"""`pybk bench NAME`: benchmarks, one module per target (pybk/bench/NAME.py).
+"""`pybk bench NAME`: benchmarks, one module per target (pybk/bench/NAME.py, a dash in NAME
+becoming an underscore).
 
 Each module exposes `add_arguments(parser)` and `run(args) -> int` and prints its figures
 together with the exact command that produced them. Benchmarks are never timed tests.
@@ -17,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "recovery": "time to re-replicate a lost bookie's data",
     "spark": "scan ledgers with Spark local[2]",
     "floor": "latency floor of a window-1 replicated add: bare gRPC servers that fdatasync, no pybk",
+    "open-recovery": "open with recovery of a ledger whose writer died with many entries past its LAC",
 }
 
 
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, help_text in BENCHMARKS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            mod = importlib.import_module(f"pybk.bench.{name}")
+            mod = importlib.import_module(f"pybk.bench.{name.replace('-', '_')}")
             mod.add_arguments(p)
             p.set_defaults(_bench=mod.run)
 

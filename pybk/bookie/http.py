@@ -1,7 +1,7 @@
 """The bookie's admin HTTP API (aiohttp) and Prometheus metrics endpoint."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,7 +13,7 @@ from .gc import GarbageCollector
 
 
 def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
-             ready: Callable[[], tuple[bool, str]], gc: GarbageCollector | None,
+             ready: Callable[[], Awaitable[tuple[bool, str]]], gc: GarbageCollector | None,
              store: MetadataStore | None) -> web.Application:
     """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc},
     /api/v1/ledger/{list,metadata}.
@@ -52,7 +52,7 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
                                   "disk": bookie.read_only_disk})
 
     async def get_is_ready(request: web.Request) -> web.Response:
-        is_ready, why = ready()
+        is_ready, why = await ready()
         return web.json_response({"ready": is_ready, "reason": why}, status=200 if is_ready else 503)
 
     async def gc_status(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
 
 from .bookie import Bookie, StorageOptions, rebuild_index
+from .client import BookieClient, BookieError
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app
@@ -28,6 +29,7 @@ from .registration import Registration
 from .service import BookieService, make_server
 
 log = logging.getLogger("pybk.bookie")
+PROBE_TIMEOUT = 2.0  # seconds the readiness check waits for this bookie's own Info call
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_options(parser, config.BOOKIE)
@@ -96,6 +98,7 @@ class BookieServer:
         self.registration: Registration | None = None
         self.gc: GarbageCollector | None = None
         self.serving = False
+        self._probe: BookieClient | None = None  # this process's client of its own gRPC port
         self._stop = asyncio.Event()
 
     @property
@@ -128,14 +131,28 @@ class BookieServer:
                 "journalRecordsReplayed": s.replayed,
                 "registered": self.registration.state() if self.registration else None}
 
-    def ready(self) -> tuple[bool, str]:
-        """Ready = serving, and registered when there is a metadata store (so a client that looks
-        the bookie up finds it)."""
+    async def ready(self) -> tuple[bool, str]:
+        """Ready = serving adds and reads: storage started, this process's own Info call through its
+        gRPC port answered, and registered when there is a metadata store (so a client that looks
+        the bookie up finds it). Kubernetes' readiness probe, `pybk local` and the test harness
+        wait on this, so nothing is sent to a bookie whose data port does not answer yet."""
         if not self.serving:
             return False, "starting"
         if self.registration and not self.registration.registered:
             return False, f"not registered yet {self.registration.last_error}".strip()
+        try:
+            if self._probe is None:
+                self._probe = BookieClient(self.probe_address, timeout=PROBE_TIMEOUT)
+            await self._probe.info()
+        except BookieError as exc:
+            return False, f"gRPC port {self.grpc_endpoint} does not answer: {exc}"
         return True, "serving"
+
+    @property
+    def probe_address(self) -> str:
+        """Where this process reaches its own gRPC port (loopback when it listens on every address)."""
+        host = self.cfg["host"]
+        return f"{'127.0.0.1' if host in ('0.0.0.0', '') else '::1' if host == '::' else host}:{self.cfg['port']}"
 
     async def serve(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
@@ -216,6 +233,8 @@ class BookieServer:
             await self.registration.close()
         await grpc_server.stop(grace=2)
         await runner.cleanup()
+        if self._probe is not None:
+            await self._probe.close()
         await self.storage.close()
         return 0
 

@@ -31,6 +31,7 @@ class ClientOptions:
     speculative_read_delay: float = 0.05  # ask the next replica if the first is this slow
     explicit_lac_delay: float = 0.05      # after adds go idle, tell bookies the LAC this soon
     fence_timeout: float = 10.0           # recovery waits this long for fencing coverage
+    recovery_batch_size: int = 256        # at most this many entries recovery reads, then re-writes, at once
 
 
 class BookKeeper:

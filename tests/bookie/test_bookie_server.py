@@ -164,3 +164,32 @@ async def test_range_read_with_step_returns_the_strided_entries_and_bad_steps_ar
         assert "pybk_bookie_read_requests_total 4.0" in metrics   # the refused one is not a read
     finally:
         await c.close()
+
+
+async def test_ready_means_the_data_port_serves_adds_and_reads(tmp_path):
+    """The first moment /api/v1/bookie/is_ready answers 200, an add and a read through the gRPC port
+    succeed at once (no retry, no wait for the channel)."""
+    import time
+
+    from pybk.local.bookie import BookieProcess
+
+    bk = BookieProcess(tmp_path / "b", checkpoint_interval=3600)
+    bk.start(wait=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not await asyncio.to_thread(_answers_ready, bk):
+            assert bk.alive() and time.monotonic() < deadline, bk.log_tail(20)
+            await asyncio.sleep(0.01)
+        async with BookieClient(bk.address, timeout=5) as c:
+            await c.add(5, 0, body(5, 0), master_key=KEY)
+            assert await c.read(5, 0) == body(5, 0)
+        assert bk.http_json("/api/v1/bookie/is_ready") == {"ready": True, "reason": "serving"}
+    finally:
+        bk.kill()
+
+
+def _answers_ready(bk) -> bool:
+    try:
+        return bk.is_ready()
+    except OSError:
+        return False
