@@ -8,6 +8,7 @@ from that mark. Ledger state (master key, fenced, LAC) is journaled and checkpoi
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -40,7 +41,25 @@ _OK = pb.OK
 _BAD = pb.BAD_REQUEST
 READ_ONLY_FILE = "READONLY"  # in the journal dir while read-only by request
 JOURNAL_LOSS_FILE = "journal.loss"  # in the journal dir: an accepted loss not yet reported
+LOCK_FILE = "LOCK"  # in the journal dir: flock'd by the process that has the dirs open
 DISK_READ_ENTRIES = 256  # entries per worker-thread read from the entry logs
+
+
+class DirsInUseError(Exception):
+    """Another process (a running bookie, a rebuild) has this bookie's dirs open."""
+
+
+def lock_dirs(journal_dir: Path) -> int:
+    """Take the bookie's exclusive lock (flock on LOCK in the journal dir, released when the
+    descriptor closes or the process dies); DirsInUseError if another process holds it."""
+    fd = os.open(Path(journal_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DirsInUseError(f"journal dir {journal_dir} is in use by another process (a running bookie or "
+                             f"index rebuild): stop it first") from None
+    return fd
 
 
 class BookieStorageError(Exception):
@@ -102,6 +121,7 @@ class Bookie:
         self.entrylogs: list[EntryLog] = []
         self.replayed = 0
         self.started = False
+        self._lock_fd = -1
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -109,10 +129,19 @@ class Bookie:
         """Check the index and the journal against each other, open them, replay the journal from
         the mark, start the writer. IndexDamagedError or JournalGapError stop it (the latter not
         with accept_journal_loss: the loss is then logged, kept for reporting, every ledger held is
-        fenced, since a fence recorded in the lost range is gone too, and a checkpoint moves past it)."""
+        fenced, since a fence recorded in the lost range is gone too, and a checkpoint moves past it).
+        DirsInUseError if another process has the dirs open."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         for d in self.ledger_dirs:
             d.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_dirs(self.journal_dir)
+        try:
+            await self._open()
+        except BaseException:
+            self._unlock()
+            raise
+
+    async def _open(self) -> None:
         loop = asyncio.get_running_loop()
         mark = read_mark(self.journal_dir)
         holds_data = mark.seq > 0 or _has_entry_logs(self.ledger_dirs)
@@ -214,6 +243,12 @@ class Bookie:
         if self.index:
             self.index.close()
         self.started = False
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
 
     # ---- adds -------------------------------------------------------------------------------
 
@@ -767,7 +802,16 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
     safe answer (its writer, which this bookie's outage already sent elsewhere, gets FENCED; reads
     and recovery work). Entries of ledgers deleted but not yet compacted away come back until the
     next garbage collection removes them again. Entries after the journal mark are not in the
-    entry logs: the next start replays them from the journal, as always."""
+    entry logs: the next start replays them from the journal, as always. DirsInUseError while the
+    bookie runs."""
+    lock = lock_dirs(Path(journal_dir))
+    try:
+        return _rebuild_index(Path(journal_dir), ledger_dirs, master_keys or {})
+    finally:
+        os.close(lock)
+
+
+def _rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[int, bytes]) -> dict:
     idir = index_dir(ledger_dirs[0])
     aside = None
     if idir.exists():
@@ -796,7 +840,7 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
                     damaged.append(str(exc))
                 index.commit(batch, [])
                 entries += len(batch)
-        for _, path in journal_files(Path(journal_dir)):
+        for _, path in journal_files(journal_dir):
             try:
                 for rtype, ledger, eid, body in scan_file(path, 0, is_last=False):
                     if rtype not in (_MASTER_KEY, _LAC, _FENCE):
@@ -811,11 +855,11 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
         missing_keys = 0
         for ledger, st in states.items():
             if not st.master_key:
-                st.master_key = (master_keys or {}).get(ledger, b"")
+                st.master_key = master_keys.get(ledger, b"")
                 missing_keys += not st.master_key
-        mark = read_mark(Path(journal_dir))
+        mark = read_mark(journal_dir)
         index.commit([], [(ledger, st.to_bytes()) for ledger, st in states.items()], mark)
-        journal_id = read_head(Path(journal_dir)).journal_id
+        journal_id = read_head(journal_dir).journal_id
         if journal_id:
             index.bind_journal(journal_id)
     finally:

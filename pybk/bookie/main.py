@@ -18,7 +18,7 @@ from pybk import config
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
 
-from .bookie import Bookie, StorageOptions, rebuild_index
+from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
 from .client import BookieClient, BookieError
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return asyncio.run(BookieServer(cfg).serve())
-    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError) as exc:
+    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError) as exc:
         print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
         return 3
     except OSError as exc:
@@ -67,6 +67,9 @@ async def rebuild(cfg: dict[str, Any]) -> int:
             await store.close()
     try:
         summary = await asyncio.to_thread(rebuild_index, Path(cfg["journal_dir"]), ledger_dirs, keys)
+    except DirsInUseError as exc:
+        print(f"pybk bookie: refusing to rebuild the index: {exc}", file=sys.stderr)
+        return 3
     except OSError as exc:
         print(f"pybk bookie: rebuilding the index failed: {exc}", file=sys.stderr)
         return 1

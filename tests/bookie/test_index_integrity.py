@@ -116,3 +116,12 @@ async def test_the_rebuild_restores_master_keys_from_the_ledger_metadata(bookies
             await c.fence(md.ledger_id, entry.master_key(b"wrong"))
         assert err.value.code is Status.UNAUTHORIZED
         assert await c.read(md.ledger_id, 99) == body(md.ledger_id, 99)
+
+
+async def test_the_rebuild_refuses_while_the_bookie_runs(bookies):
+    bk, = bookies(1, metadata_uri=None)
+    refused = run_cli(bk, "--rebuild-index")
+    first_line = (refused.stderr.strip().splitlines() or [""])[0]
+    assert refused.returncode == 3
+    assert str(bk.journal_dir) in first_line and "in use" in first_line
+    assert (bk.ledger_dirs[0] / "index" / DATA_FILE).exists() and bk.is_ready()
