@@ -25,7 +25,7 @@ from pybk.proto import pb
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
 from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
-                      check as check_journal, encode_record, encode_records, is_space_error, journal_files,
+                      check as check_journal, discard_unused, encode_record, encode_records, is_space_error, journal_files,
                       fsync_dir, read_head, read_mark, replay, scan_file, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
@@ -151,6 +151,8 @@ class Bookie:
         # The index holds everything before its checkpoint record: replay may start there (it is
         # the mark itself, or one checkpoint later, or the only mark left if journal.mark was lost).
         mark = max(mark, Mark(*(self.index.checkpoint() or (0, 0))))
+        for path in discard_unused(self.journal_dir):
+            log.info("removed %s: a journal file the last stop left unused", path)
         gaps = check_journal(self.journal_dir, mark)
         if gaps and not self.opts.accept_journal_loss:
             raise JournalGapError(gaps)

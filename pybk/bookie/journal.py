@@ -278,8 +278,6 @@ def find_gaps(directory: Path, mark: Mark, head: int, files: dict[int, FileFacts
     def path(seq: int) -> Path:
         return journal_path(directory, seq)
 
-    # A file past journal.head with no intact header was being created when the bookie stopped.
-    files = {s: f for s, f in files.items() if f.header is not None or s <= head}
     if not head:
         if files or mark.seq:
             return [JournalGap(directory / HEAD_FILE, "is missing while journal data is there: newer journal "
@@ -314,6 +312,26 @@ def find_gaps(directory: Path, mark: Mark, head: int, files: dict[int, FileFacts
                                    f"{h.prealloc}-byte preallocation chunks: it was cut",
                                    facts.size - facts.size % h.prealloc))
     return gaps
+
+
+def discard_unused(directory: Path) -> list[Path]:
+    """Delete files past journal.head that hold no record: a roll that the bookie's stop
+    interrupted before journal.head named the new file (records only go to a file after that).
+    Returns what was deleted."""
+    head = read_head(directory).seq
+    removed = []
+    for seq, path in journal_files(directory):
+        if seq <= head:
+            continue
+        with open(path, "rb") as f:
+            start = f.read(FILE_HEADER_SIZE + RECORD_HEADER)
+        header, first = start[:FILE_HEADER_SIZE], start[FILE_HEADER_SIZE:]
+        if (parse_file_header(header) is not None or not header.strip(b"\0")) and not first.strip(b"\0"):
+            path.unlink()
+            removed.append(path)
+    if removed:
+        fsync_dir(directory)
+    return removed
 
 
 def check(directory: Path, mark: Mark) -> list[JournalGap]:

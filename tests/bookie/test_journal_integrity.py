@@ -163,3 +163,34 @@ async def test_entries_lost_with_the_journal_are_copied_back_by_autorecovery(boo
         async with await BookieClient.connect(healthy.address, wait=30) as h:
             for e in range(ENTRIES):
                 assert await c.read(lh.ledger_id, e) == await h.read(lh.ledger_id, e), f"entry {e} differs"
+
+
+@pytest.mark.parametrize("left", ["empty", "preallocated", "header-only"])
+async def test_a_journal_file_left_unused_by_a_stop_mid_roll_is_not_a_gap(tmp_path, left):
+    """A stop between creating a journal file and recording it in journal.head leaves a file
+    without records: the next start removes it and goes on; every acked entry is there."""
+    from pybk.bookie.bookie import Bookie, StorageOptions
+    from pybk.bookie.journal import encode_file_header, journal_path, read_head
+    from pybk.proto import pb
+
+    opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=64 * 1024)
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
+    await b.start()
+    errors, fut = b.add_batch([pb.AddEntry(ledger_id=3, entry_id=e, master_key=KEY, body=body(3, e))
+                               for e in range(50)])
+    await fut
+    await b.journal.close()
+    b.started = False  # a crash: no final checkpoint
+    await b.close()
+    seq = read_head(tmp_path / "j").seq + 1
+    with open(journal_path(tmp_path / "j", seq), "wb") as f:
+        if left == "preallocated":
+            f.truncate(64 * 1024)
+        elif left == "header-only":
+            f.write(encode_file_header(seq, 0, 0))
+    b2 = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
+    await b2.start()
+    try:
+        assert all(b2.read_entry(3, e) == body(3, e) for e in range(50))
+    finally:
+        await b2.close()
