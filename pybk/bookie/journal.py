@@ -44,7 +44,9 @@ a crash could have torn it: that is indistinguishable from a torn tail; and a to
 crash must be accepted (its records were never acknowledged: the group's fdatasync had not
 returned), so a damaged record in the last file with only zeros or nothing after it is cut off,
 in a preallocated file by zeroing it. Files before the mark are not checked (their content is in
-the entry logs). A whole journal directory swapped for another bookie's is the cookie's job.
+the entry logs). A whole journal directory swapped for another bookie's is the cookie's job. A
+file past journal.head that holds no record is what a stop in the middle of a roll leaves (records
+go to a file only after journal.head names it): start-up removes it (discard_unused).
 """
 from __future__ import annotations
 
