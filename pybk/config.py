@@ -226,6 +226,15 @@ BOOKIE = Process("bookie", COMMON + (
     Option("journal_max_file_size", "journal files rotate at this size", "256MiB", parse_size),
     Option("journal_fsync", "fdatasync the journal before acknowledging adds (false only for experiments)",
            True, parse_bool),
+    Option("journal_prealloc_size", "journal files are preallocated in chunks of this size, so that a file cut "
+           "short is evident at start (0 = no preallocation: a cut newest file then looks like a torn tail)",
+           "16MiB", parse_size),
+    Option("accept_journal_loss", "start even though journal files are missing or cut: log the lost range and "
+           "mark every ledger this bookie is in under-replicated so autorecovery copies the entries back "
+           "(without it such a bookie refuses to start)", False, parse_bool),
+    Option("rebuild_index", "do not serve: rebuild the LMDB index from the entry logs and the journal (master "
+           "keys also from the ledger metadata with --metadata-uri), keep the old one aside, and exit. Run it "
+           "with the bookie stopped, as the user owning its dirs", False, parse_bool),
     Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, Number(float, 0)),
     Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
     Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "

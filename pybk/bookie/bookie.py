@@ -8,6 +8,8 @@ from that mark. Ledger state (master key, fenced, LAC) is journaled and checkpoi
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
 import logging
 import os
 import shutil
@@ -20,10 +22,11 @@ from pybk.entry import HEADER, HEADER_SIZE
 from pybk.ledger import entry_ranges
 from pybk.proto import pb
 
-from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError
-from .index import KEY, Index
-from .journal import (RECORD_HEADER, Journal, Mark, RecordType, encode_record, encode_records, is_space_error,
-                      read_mark, replay, write_mark)
+from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
+from .index import KEY, LOCATION, Index, index_dir, inspect
+from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
+                      check as check_journal, discard_unused, encode_record, encode_records, is_space_error, journal_files,
+                      fsync_dir, read_head, read_mark, replay, scan_file, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
 from .writecache import WriteCache
@@ -37,7 +40,26 @@ _LAC = int(RecordType.LAC)
 _OK = pb.OK
 _BAD = pb.BAD_REQUEST
 READ_ONLY_FILE = "READONLY"  # in the journal dir while read-only by request
+JOURNAL_LOSS_FILE = "journal.loss"  # in the journal dir: an accepted loss not yet reported
+LOCK_FILE = "LOCK"  # in the journal dir: flock'd by the process that has the dirs open
 DISK_READ_ENTRIES = 256  # entries per worker-thread read from the entry logs
+
+
+class DirsInUseError(Exception):
+    """Another process (a running bookie, a rebuild) has this bookie's dirs open."""
+
+
+def lock_dirs(journal_dir: Path) -> int:
+    """Take the bookie's exclusive lock (flock on LOCK in the journal dir, released when the
+    descriptor closes or the process dies); DirsInUseError if another process holds it."""
+    fd = os.open(Path(journal_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DirsInUseError(f"journal dir {journal_dir} is in use by another process (a running bookie or "
+                             f"index rebuild): stop it first") from None
+    return fd
 
 
 class BookieStorageError(Exception):
@@ -64,6 +86,8 @@ class StorageOptions:
     compaction_threshold: float = 0.5  # rewrite an entry log whose live fraction is below this
     max_write_cache_bytes: int = 1024 * 1024 * 1024  # past this (cache + checkpoint in flight +
     # journal backlog) adds get TOO_MANY_REQUESTS until a checkpoint catches up
+    journal_prealloc: int = 16 * 1024 * 1024  # journal files grow in chunks of this (0 = not preallocated)
+    accept_journal_loss: bool = False  # start despite missing/cut journal files (and report the loss)
 
 
 class Bookie:
@@ -97,38 +121,94 @@ class Bookie:
         self.entrylogs: list[EntryLog] = []
         self.replayed = 0
         self.started = False
+        self._lock_fd = -1
 
     # ---- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the index and entry logs, replay the journal from the mark, start the writer."""
+        """Check the index and the journal against each other, open them, replay the journal from
+        the mark, start the writer. IndexDamagedError or JournalGapError stop it (the latter not
+        with accept_journal_loss: the loss is then logged, kept for reporting, every ledger held is
+        fenced, since a fence recorded in the lost range is gone too, and a checkpoint moves past it).
+        DirsInUseError if another process has the dirs open."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         for d in self.ledger_dirs:
             d.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_dirs(self.journal_dir)
+        try:
+            await self._open()
+        except BaseException:
+            self._unlock()
+            raise
+
+    async def _open(self) -> None:
+        loop = asyncio.get_running_loop()
+        mark = read_mark(self.journal_dir)
+        holds_data = mark.seq > 0 or _has_entry_logs(self.ledger_dirs)
+        await loop.run_in_executor(None, inspect, index_dir(self.ledger_dirs[0]), holds_data)
         self.index = Index(self.ledger_dirs[0], sync=self.opts.fsync)
+        self.index.check_current(mark, holds_data, read_head(self.journal_dir).journal_id)
+        # The index holds everything before its checkpoint record: replay may start there (it is
+        # the mark itself, or one checkpoint later, or the only mark left if journal.mark was lost).
+        mark = max(mark, Mark(*(self.index.checkpoint() or (0, 0))))
+        for path in discard_unused(self.journal_dir):
+            log.info("removed %s: a journal file the last stop left unused", path)
+        gaps = check_journal(self.journal_dir, mark)
+        if gaps and not self.opts.accept_journal_loss:
+            raise JournalGapError(gaps)
+        if gaps:
+            self._accept_journal_loss(gaps)
         self.entrylogs = [EntryLog(d, self.opts.entrylog_max_file_size) for d in self.ledger_dirs]
         for ledger, raw in self.index.ledger_states():
             self.ledgers[ledger] = LedgerState.from_bytes(raw)
-        mark = read_mark(self.journal_dir)
-        self.replayed = await asyncio.get_running_loop().run_in_executor(None, self._replay, mark)
+        self.replayed = await loop.run_in_executor(None, self._replay, mark, bool(gaps))
         self.journal = Journal(self.journal_dir, self.opts.journal_max_file_size, self.opts.group_wait,
                                self.opts.group_max_bytes, self.opts.fsync, self._journal_synced,
-                               self._journal_failed, self.opts.journal_inline_bytes)
+                               self._journal_failed, self.opts.journal_inline_bytes, self.opts.journal_prealloc)
         self.journal.open()
+        self.index.bind_journal(self.journal.journal_id)
         self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
         self._update_disk_state()
         self.metrics.read_only.set(int(self.read_only))
-        loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._checkpoint_loop(), name="checkpointer"),
                        loop.create_task(self._disk_loop(), name="disk-checker")]
         self.metrics.ledgers.set(len(self.ledgers))
         self.started = True
+        if gaps:
+            for st in self.ledgers.values():  # a lost FENCE record must not let a zombie writer back in
+                st.fenced = st.dirty = True
+            await self.checkpoint()  # the mark moves past the gaps: the next start finds the journal whole
         log.info("storage started: %d ledgers, %d journal records replayed from %s", len(self.ledgers),
                  self.replayed, mark)
 
-    def _replay(self, mark: Mark) -> int:
+    def _accept_journal_loss(self, gaps: list[JournalGap]) -> None:
+        """Log the lost range and keep it (durably) until it is reported to the metadata store."""
+        for gap in gaps:
+            log.error("journal loss accepted (--accept-journal-loss): %s; entries acknowledged there are "
+                      "lost on this bookie", gap)
+        lost = self.pending_journal_loss() + [str(g) for g in gaps]
+        tmp = self.journal_dir / (JOURNAL_LOSS_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"lost": lost, "since_ms": int(time.time() * 1000)}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.journal_dir / JOURNAL_LOSS_FILE)
+        fsync_dir(self.journal_dir)
+
+    def pending_journal_loss(self) -> list[str]:
+        """Accepted journal gaps not yet reported (they survive restarts until reported)."""
+        try:
+            return list(json.loads((self.journal_dir / JOURNAL_LOSS_FILE).read_text())["lost"])
+        except FileNotFoundError:
+            return []
+
+    def journal_loss_reported(self) -> None:
+        """The ledgers touched by the accepted loss are marked under-replicated: forget it."""
+        (self.journal_dir / JOURNAL_LOSS_FILE).unlink(missing_ok=True)
+
+    def _replay(self, mark: Mark, accept_loss: bool = False) -> int:
         n = 0
-        for rtype, ledger, entry, body in replay(self.journal_dir, mark):
+        for rtype, ledger, entry, body in replay(self.journal_dir, mark, accept_loss):
             n += 1
             st = self.ledgers.get(ledger)
             if st is None:
@@ -165,6 +245,12 @@ class Bookie:
         if self.index:
             self.index.close()
         self.started = False
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
 
     # ---- adds -------------------------------------------------------------------------------
 
@@ -582,7 +668,7 @@ class Bookie:
         for d, items in enumerate(per_dir):
             if items:
                 locations.extend(self.entrylogs[d].append_sorted(items, d))
-        self.index.commit(locations, dirty)
+        self.index.commit(locations, dirty, mark)
         write_mark(self.journal_dir, mark)
 
     async def _checkpoint_loop(self) -> None:
@@ -708,3 +794,88 @@ class Bookie:
             self.read_only_disk = False
         if before != self.read_only:
             self._read_only_changed()
+
+
+def _has_entry_logs(ledger_dirs: list[Path]) -> bool:
+    """True if any entry log holds a record (the bookie has checkpointed entries)."""
+    return any(p.stat().st_size > 0 for d in ledger_dirs for p in (Path(d) / "entrylogs").glob("entrylog-*.log"))
+
+
+def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[int, bytes] | None = None
+                  ) -> dict:
+    """Rebuild the LMDB index of a stopped bookie from its entry logs and journal; the old index
+    directory is renamed aside, not deleted. Returns a summary.
+
+    Every entry log record whose CRC holds is indexed (a later copy of an entry wins, as in the
+    index). Ledger state is rebuilt as far as the files allow: the LAC from the entry headers and
+    from the journal's LAC records; master keys from the journal's MASTER_KEY records, else from
+    `master_keys` (the ledger metadata), else empty (the next fence or recovery add sets it). Every
+    ledger is marked fenced: whether it was fenced went with the index, and a fenced ledger is the
+    safe answer (its writer, which this bookie's outage already sent elsewhere, gets FENCED; reads
+    and recovery work). Entries of ledgers deleted but not yet compacted away come back until the
+    next garbage collection removes them again. Entries after the journal mark are not in the
+    entry logs: the next start replays them from the journal, as always. DirsInUseError while the
+    bookie runs."""
+    lock = lock_dirs(Path(journal_dir))
+    try:
+        return _rebuild_index(Path(journal_dir), ledger_dirs, master_keys or {})
+    finally:
+        os.close(lock)
+
+
+def _rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[int, bytes]) -> dict:
+    idir = index_dir(ledger_dirs[0])
+    aside = None
+    if idir.exists():
+        aside = idir.with_name(f"index.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(idir, aside)
+    index = Index(ledger_dirs[0])
+    states: dict[int, LedgerState] = {}
+    damaged: list[str] = []
+    entries = 0
+    try:
+        for d, ledger_dir in enumerate(ledger_dirs):
+            for path in sorted((Path(ledger_dir) / "entrylogs").glob("entrylog-*.log")):
+                log_id = int(path.stem.split("-", 1)[1], 16)
+                batch: list[tuple[bytes, bytes]] = []
+                try:
+                    for offset, ledger, eid, body in scan_log(path):
+                        batch.append((KEY.pack(ledger, eid), LOCATION.pack(d, log_id, offset)))
+                        st = states.get(ledger) or states.setdefault(ledger, LedgerState(fenced=True))
+                        if len(body) >= HEADER_SIZE:
+                            st.lac = max(st.lac, HEADER.unpack_from(body)[2])
+                        if len(batch) >= 10_000:
+                            index.commit(batch, [])
+                            entries += len(batch)
+                            batch = []
+                except EntryLogCorruptError as exc:
+                    damaged.append(str(exc))
+                index.commit(batch, [])
+                entries += len(batch)
+        for _, path in journal_files(journal_dir):
+            try:
+                for rtype, ledger, eid, body in scan_file(path, 0, is_last=False):
+                    if rtype not in (_MASTER_KEY, _LAC, _FENCE):
+                        continue
+                    st = states.get(ledger) or states.setdefault(ledger, LedgerState(fenced=True))
+                    if rtype == _MASTER_KEY:
+                        st.master_key = body
+                    elif rtype == _LAC:
+                        st.explicit_lac = max(st.explicit_lac, eid)
+            except (JournalCorruptError, JournalGapError) as exc:
+                damaged.append(str(exc).splitlines()[0])
+        missing_keys = 0
+        for ledger, st in states.items():
+            if not st.master_key:
+                st.master_key = master_keys.get(ledger, b"")
+                missing_keys += not st.master_key
+        mark = read_mark(journal_dir)
+        index.commit([], [(ledger, st.to_bytes()) for ledger, st in states.items()], mark)
+        journal_id = read_head(journal_dir).journal_id
+        if journal_id:
+            index.bind_journal(journal_id)
+    finally:
+        index.close()
+    return {"index": str(idir / "data.mdb"), "old_index": str(aside) if aside else None, "entries": entries,
+            "ledgers": len(states), "ledgers_without_master_key": missing_keys, "damaged": damaged,
+            "journal_mark": tuple(mark)}

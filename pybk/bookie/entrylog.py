@@ -15,9 +15,11 @@ the entry's own digest, but a copier without a MAC ledger's password cannot).
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import struct
 from pathlib import Path
+from typing import Iterator
 
 import google_crc32c
 
@@ -168,3 +170,31 @@ class EntryLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def scan_log(path: Path) -> Iterator[tuple[int, int, int, bytes]]:
+    """(offset, ledger, entry, body) of every record of one entry log file, in order, each
+    checked against its CRC (for rebuilding the index). Raises EntryLogCorruptError at the first
+    damaged record: without a valid length the next record cannot be found. The file is mapped,
+    not read, so memory stays bounded."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                yield from _records(path, data, size)
+
+
+def _records(path: Path, data, size: int) -> Iterator[tuple[int, int, int, bytes]]:
+    pos = 0
+    while pos < size:
+        if size - pos < LOG_HEADER:
+            raise EntryLogCorruptError(f"{path} offset {pos}: record header cut short")
+        length, crc, ledger, entry = LOG_RECORD.unpack_from(data, pos)
+        end = pos + LOG_HEADER + length
+        if length > MAX_BODY or end > size:
+            raise EntryLogCorruptError(f"{path} offset {pos}: record of {length} bytes runs past the end")
+        body = data[pos + LOG_HEADER:end]
+        if record_crc(ledger, entry, body) != crc:
+            raise EntryLogCorruptError(f"{path} offset {pos}: entry {ledger}:{entry} fails its checksum")
+        yield pos, ledger, entry, body
+        pos = end

@@ -23,6 +23,30 @@ cache cannot be trusted), does the journal stop for good until a restart replays
 Files are named `journal-<seq>.log` and rotate by size. The journal mark (file seq, offset) says
 where replay starts; files before it are deleted once a checkpoint made their content durable
 elsewhere.
+
+Integrity: the files and the mark must agree, else start-up refuses (JournalGapError) unless the
+operator accepts the loss. Every file starts with a FILE_HEADER record (ledger = its seq, entry =
+the previous file's final length, -1 for none; body = its preallocation chunk, u64). `journal.head`
+(written atomically after a file is created) holds the highest seq created and the journal's
+random id, which the index records. With preallocation (`prealloc` > 0, as BookKeeper's
+journalPreAllocSizeMB) a file is extended in whole chunks before data goes there, always leaving
+at least a zeroed record header after the data: replay stops at the first zeroed header, and an
+intact file's size is a multiple of its chunk.
+
+Detected at start (from the mark's file on): a missing file (a seq between the mark and
+journal.head, or a gap between files); a file shorter than the next file's header says; a file
+whose header is missing, cut or names another seq; the mark's file shorter than the mark's
+offset; a missing journal.head next to journal data; and, for preallocated files, a size that is
+not a whole number of chunks, or data running up to (or past) the end of the file with no zeroed
+header after it (so the newest file cut anywhere is seen too).
+Not detected: a file that is not preallocated (`prealloc` 0) cut after the mark at a point where
+a crash could have torn it: that is indistinguishable from a torn tail; and a torn tail after a
+crash must be accepted (its records were never acknowledged: the group's fdatasync had not
+returned), so a damaged record in the last file with only zeros or nothing after it is cut off,
+in a preallocated file by zeroing it. Files before the mark are not checked (their content is in
+the entry logs). A whole journal directory swapped for another bookie's is the cookie's job. A
+file past journal.head that holds no record is what a stop in the middle of a roll leaves (records
+go to a file only after journal.head names it): start-up removes it (discard_unused).
 """
 from __future__ import annotations
 
@@ -42,8 +66,8 @@ RECORD_HEADER = RECORD.size  # 25
 _CRC_PART = struct.Struct(">BQq")
 MAX_BODY = 64 * 1024 * 1024  # a length above this is corruption, not a torn write
 MARK_FILE = "journal.mark"
+HEAD_FILE = "journal.head"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
-_MARK = struct.Struct(">QQI")
 # Errors that only say the disk has no room: the journal cuts the group back and goes on.
 SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # Small groups are written on the event loop only while the disk syncs this fast: on a slow disk
@@ -56,6 +80,7 @@ class RecordType(enum.IntEnum):
     FENCE = 2
     MASTER_KEY = 3
     LAC = 4
+    FILE_HEADER = 5
 
 
 class Record(NamedTuple):
@@ -81,6 +106,40 @@ class JournalCorruptError(Exception):
             f"this is not a torn tail and the bookie refuses to skip it silently. Restore the journal "
             f"from a backup, or, if this bookie's data is to be discarded, remove its journal and ledger "
             f"dirs (and its cookie in the metadata store) and let autorecovery re-replicate.")
+
+
+class JournalGap(NamedTuple):
+    """Journal content that should be there and is not: `lost_from` is the byte offset in `path`
+    from which it is gone (0: the whole file)."""
+    path: Path
+    what: str
+    lost_from: int = 0
+
+    def __str__(self) -> str:
+        return f"journal file {self.path} {self.what}"
+
+
+class JournalGapError(Exception):
+    """Journal files and the mark disagree: acknowledged entries may be lost, start-up must stop."""
+
+    def __init__(self, gaps: list[JournalGap]):
+        self.gaps = gaps
+        super().__init__(
+            "; ".join(map(str, gaps)) + ": restore it from a backup, or start with --accept-journal-loss.\n"
+            "Entries this bookie acknowledged from there on may be lost. With --accept-journal-loss the bookie "
+            "starts, logs the lost range and marks every ledger it is in under-replicated, so autorecovery "
+            "copies the entries back from the other replicas.")
+
+
+class _FileHeader(NamedTuple):
+    seq: int
+    prev_length: int
+    prealloc: int
+
+
+_PREALLOC = struct.Struct(">Q")
+FILE_HEADER_SIZE = RECORD_HEADER + _PREALLOC.size
+_ZERO_HEADER = bytes(RECORD_HEADER)
 
 
 def encode_records(rtype: int, ledger: int, bodies: dict[int, bytes]) -> list[bytes]:
@@ -119,30 +178,57 @@ def journal_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def read_mark(directory: Path) -> Mark:
-    """The persisted journal mark, or (0, 0) when there is none yet."""
+def _read_checked(path: Path, layout: struct.Struct) -> tuple | None:
+    """A small file of `layout` fields followed by their CRC32C; None when there is none."""
     try:
-        data = (directory / MARK_FILE).read_bytes()
+        data = path.read_bytes()
     except FileNotFoundError:
-        return Mark(0, 0)
-    if len(data) != _MARK.size:
-        raise JournalCorruptError(directory / MARK_FILE, 0, f"mark file has {len(data)} bytes, expected {_MARK.size}")
-    seq, offset, crc = _MARK.unpack(data)
-    if crc != google_crc32c.value(data[:16]):
-        raise JournalCorruptError(directory / MARK_FILE, 0, "mark file checksum mismatch")
-    return Mark(seq, offset)
+        return None
+    if len(data) != layout.size + 4:
+        raise JournalCorruptError(path, 0, f"file has {len(data)} bytes, expected {layout.size + 4}")
+    if struct.unpack_from(">I", data, layout.size)[0] != google_crc32c.value(data[:layout.size]):
+        raise JournalCorruptError(path, 0, "checksum mismatch")
+    return layout.unpack_from(data)
 
 
-def write_mark(directory: Path, mark: Mark) -> None:
-    """Persist the mark atomically (write, fsync, rename, fsync dir)."""
-    head = struct.pack(">QQ", mark.seq, mark.offset)
-    tmp = directory / (MARK_FILE + ".tmp")
+def _write_checked(path: Path, layout: struct.Struct, *fields: int) -> None:
+    """Persist fields atomically (write, fsync, rename, fsync dir)."""
+    head = layout.pack(*fields)
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(head + struct.pack(">I", google_crc32c.value(head)))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, directory / MARK_FILE)
-    fsync_dir(directory)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+_MARK_FIELDS = struct.Struct(">QQ")
+_HEAD_FIELDS = struct.Struct(">Q16s")
+
+
+class Head(NamedTuple):
+    """journal.head: the highest file seq created and the journal's random id (made with its
+    first file; the index records it, so an index from another journal is refused)."""
+    seq: int
+    journal_id: bytes
+
+
+def read_mark(directory: Path) -> Mark:
+    """The persisted journal mark, or (0, 0) when there is none yet."""
+    fields = _read_checked(directory / MARK_FILE, _MARK_FIELDS)
+    return Mark(*fields) if fields else Mark(0, 0)
+
+
+def write_mark(directory: Path, mark: Mark) -> None:
+    """Persist the mark atomically."""
+    _write_checked(directory / MARK_FILE, _MARK_FIELDS, mark.seq, mark.offset)
+
+
+def read_head(directory: Path) -> Head:
+    """journal.head, or (0, b"") when no journal file was ever created here."""
+    fields = _read_checked(directory / HEAD_FILE, _HEAD_FIELDS)
+    return Head(*fields) if fields else Head(0, b"")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -153,17 +239,130 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def scan_file(path: Path, start: int, is_last: bool) -> Iterator[Record]:
-    """Yield the records of one journal file from `start`.
+def encode_file_header(seq: int, prev_length: int, prealloc: int) -> bytes:
+    """The record every journal file starts with."""
+    return encode_record(RecordType.FILE_HEADER, seq, prev_length, _PREALLOC.pack(prealloc))
 
-    A damaged record at the very end of the last file is a torn write: the file is truncated
-    there and replay stops. A damaged record followed by more data raises JournalCorruptError.
+
+def parse_file_header(data: bytes) -> _FileHeader | None:
+    """The file header at the start of `data`, None if it is not there intact."""
+    if len(data) < FILE_HEADER_SIZE:
+        return None
+    length, crc, rtype, seq, prev = RECORD.unpack_from(data)
+    body = data[RECORD_HEADER:FILE_HEADER_SIZE]
+    if (rtype != RecordType.FILE_HEADER or length != _PREALLOC.size
+            or crc != google_crc32c.extend(google_crc32c.value(data[8:RECORD_HEADER]), body)):
+        return None
+    return _FileHeader(seq, prev, _PREALLOC.unpack(body)[0])
+
+
+class FileFacts(NamedTuple):
+    """What start-up knows of one journal file without reading all of it."""
+    size: int
+    header: _FileHeader | None
+
+
+def survey(directory: Path, mark: Mark) -> tuple[int, dict[int, FileFacts]]:
+    """journal.head and the size and header of every file from the mark's on (I/O for find_gaps)."""
+    files: dict[int, FileFacts] = {}
+    for seq, path in journal_files(directory):
+        if seq < mark.seq:
+            continue
+        with open(path, "rb") as f:
+            head = f.read(FILE_HEADER_SIZE)
+            files[seq] = FileFacts(os.fstat(f.fileno()).st_size, parse_file_header(head))
+    return read_head(directory).seq, files
+
+
+def find_gaps(directory: Path, mark: Mark, head: int, files: dict[int, FileFacts]) -> list[JournalGap]:
+    """Where the journal files disagree with the mark, journal.head and their own headers (pure:
+    survey() gathers the facts). Empty for an intact journal; see the module doc for the rules."""
+    def path(seq: int) -> Path:
+        return journal_path(directory, seq)
+
+    if not head:
+        if files or mark.seq:
+            return [JournalGap(directory / HEAD_FILE, "is missing while journal data is there: newer journal "
+                               "files may have been deleted")]
+        return []
+    gaps: list[JournalGap] = []
+    first = mark.seq or 1  # before the first checkpoint no file was deleted
+    for seq in range(first, max(head, max(files, default=0)) + 1):
+        facts = files.get(seq)
+        if facts is None:
+            gaps.append(JournalGap(path(seq), "is missing (journal.head says files up to "
+                                   f"{head} were created, the mark is in file {mark.seq})"))
+            continue
+        h = facts.header
+        if h is None:
+            gaps.append(JournalGap(path(seq), f"has no intact file header (it is {facts.size} bytes): it was "
+                                   "cut or overwritten"))
+            continue
+        if h.seq != seq:
+            gaps.append(JournalGap(path(seq), f"holds journal file {h.seq}: it was renamed or copied"))
+        prev = files.get(seq - 1)
+        if seq > first and prev is not None and 0 <= h.prev_length != prev.size:
+            if prev.size < h.prev_length:
+                gaps.append(JournalGap(path(seq - 1), f"is {prev.size} bytes but ended at {h.prev_length} "
+                                       f"(the next file's header says): {h.prev_length - prev.size} bytes "
+                                       "were cut off", prev.size))
+        if seq == mark.seq and facts.size < mark.offset:
+            gaps.append(JournalGap(path(seq), f"is {facts.size} bytes but the journal mark is at offset "
+                                   f"{mark.offset}: it was cut", facts.size))
+        elif h.prealloc and facts.size % h.prealloc:
+            gaps.append(JournalGap(path(seq), f"is {facts.size} bytes, not a whole number of its "
+                                   f"{h.prealloc}-byte preallocation chunks: it was cut",
+                                   facts.size - facts.size % h.prealloc))
+    return gaps
+
+
+def discard_unused(directory: Path) -> list[Path]:
+    """Delete files past journal.head that hold no record: a roll that the bookie's stop
+    interrupted before journal.head named the new file (records only go to a file after that).
+    Returns what was deleted."""
+    head = read_head(directory).seq
+    removed = []
+    for seq, path in journal_files(directory):
+        if seq <= head:
+            continue
+        with open(path, "rb") as f:
+            start = f.read(FILE_HEADER_SIZE + RECORD_HEADER)
+        header, first = start[:FILE_HEADER_SIZE], start[FILE_HEADER_SIZE:]
+        if (parse_file_header(header) is not None or not header.strip(b"\0")) and not first.strip(b"\0"):
+            path.unlink()
+            removed.append(path)
+    if removed:
+        fsync_dir(directory)
+    return removed
+
+
+def check(directory: Path, mark: Mark) -> list[JournalGap]:
+    """The journal's gaps (I/O + find_gaps)."""
+    return find_gaps(directory, mark, *survey(directory, mark))
+
+
+def _cut(path: Path, gap_from: int, what: str) -> JournalGapError:
+    return JournalGapError([JournalGap(path, what, gap_from)])
+
+
+def scan_file(path: Path, start: int, is_last: bool, accept_cut: bool = False) -> Iterator[Record]:
+    """Yield the records of one journal file from `start` (its FILE_HEADER record too).
+
+    A damaged record at the very end of the last file is a torn write: it is cut off (truncated,
+    or zeroed in a preallocated file) and replay stops. A damaged record followed by more data
+    raises JournalCorruptError. A preallocated file whose data runs to its end raises
+    JournalGapError (it was cut), unless accept_cut, which treats that end as the end.
     """
     data = path.read_bytes()
     size = len(data)
+    header = parse_file_header(data)
+    prealloc = header.prealloc if header is not None else 0
+    data_end = len(data.rstrip(b"\0")) if prealloc else size
     pos = start
     while pos < size:
         reason = None
+        if prealloc and pos >= data_end:
+            return  # the zeroed rest of a preallocated file
         if size - pos < RECORD_HEADER:
             reason, end = "incomplete record header", size
         else:
@@ -178,10 +377,20 @@ def scan_file(path: Path, start: int, is_last: bool) -> Iterator[Record]:
                 actual = google_crc32c.extend(google_crc32c.value(data[pos + 8:pos + RECORD_HEADER]), body)
                 if actual != crc or rtype not in _TYPES:
                     reason = "checksum mismatch" if actual != crc else f"unknown record type {rtype}"
+        if prealloc and end + RECORD_HEADER > size:
+            # a preallocated file always has room for what was written and a zeroed header after it
+            if accept_cut:
+                return
+            raise _cut(path, size, f"ends inside its data at {size} bytes (a preallocated file keeps zeros "
+                                   "after its last record): it was cut")
         if reason is not None:
-            if end >= size and is_last:
+            if end >= data_end and (is_last or accept_cut):
                 with open(path, "r+b") as f:
-                    f.truncate(pos)
+                    if prealloc:
+                        f.seek(pos)
+                        f.write(bytes(data_end - pos))
+                    else:
+                        f.truncate(pos)
                     os.fsync(f.fileno())
                 return
             raise JournalCorruptError(path, pos, reason)
@@ -190,13 +399,17 @@ def scan_file(path: Path, start: int, is_last: bool) -> Iterator[Record]:
 
 
 _TYPES = {int(t) for t in RecordType}
+_FILE_HEADER = int(RecordType.FILE_HEADER)
 
 
-def replay(directory: Path, mark: Mark) -> Iterator[Record]:
-    """Every record from the mark on, oldest first (torn tail truncated, corruption refused)."""
+def replay(directory: Path, mark: Mark, accept_loss: bool = False) -> Iterator[Record]:
+    """Every data record from the mark on, oldest first (torn tail cut off, corruption refused).
+    With accept_loss, a cut file's end is taken as its end (the caller reported the gap)."""
     files = [(seq, p) for seq, p in journal_files(directory) if seq >= mark.seq]
     for i, (seq, path) in enumerate(files):
-        yield from scan_file(path, mark.offset if seq == mark.seq else 0, i == len(files) - 1)
+        for rec in scan_file(path, mark.offset if seq == mark.seq else 0, i == len(files) - 1, accept_loss):
+            if rec.type != _FILE_HEADER:
+                yield rec
 
 
 class Journal:
@@ -205,13 +418,16 @@ class Journal:
     def __init__(self, directory: Path, max_file_size: int = 512 * 1024 * 1024, group_wait: float = 0.0,
                  group_max_bytes: int = 16 * 1024 * 1024, fsync: bool = True,
                  on_sync: Callable[[float, int, int], None] | None = None,
-                 on_error: Callable[[BaseException, bool], None] | None = None, inline_max_bytes: int = 64 * 1024):
+                 on_error: Callable[[BaseException, bool], None] | None = None, inline_max_bytes: int = 64 * 1024,
+                 prealloc: int = 0):
         self.directory = Path(directory)
         self.max_file_size = max_file_size
         self.group_wait = group_wait
         self.group_max_bytes = group_max_bytes
         self.fsync = fsync
         self.inline_max_bytes = inline_max_bytes  # groups up to this size are written on the loop
+        self.prealloc = min(prealloc, max_file_size) if prealloc > 0 else 0  # chunk files grow by
+        self._allocated = 0  # bytes preallocated in the current file
         self._sync_seconds = 0.0  # moving average of a group commit's duration
         self.on_sync = on_sync  # (seconds, bytes, appends) after every group commit
         self.on_error = on_error  # (exc, recoverable) when a group fails; not recoverable: the journal stopped
@@ -225,21 +441,41 @@ class Journal:
         self._written = Mark(0, 0)
         self._error: BaseException | None = None
         self._busy = False
+        self.journal_id = b""  # set by open() from journal.head (or made new)
 
     def open(self) -> None:
-        """Start a fresh journal file after the last existing one (call after replay)."""
+        """Start a fresh journal file after the last one ever created (call after replay)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         files = journal_files(self.directory)
-        self._roll(files[-1][0] + 1 if files else 1)
+        head = read_head(self.directory)
+        self.journal_id = head.journal_id or os.urandom(16)
+        last = max(head.seq, files[-1][0] if files else 0)
+        prev = journal_path(self.directory, last)
+        self._roll(last + 1, prev.stat().st_size if last and prev.exists() else -1)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="journal-writer")
 
-    def _roll(self, seq: int) -> None:
+    def _roll(self, seq: int, prev_length: int) -> None:
+        """Create file seq (header, preallocation, durable), then record it in journal.head."""
+        path = journal_path(self.directory, seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            header = encode_file_header(seq, prev_length, self.prealloc)
+            self._allocated = 0
+            if self.prealloc:
+                os.posix_fallocate(fd, 0, self.prealloc)
+                self._allocated = self.prealloc
+            os.pwrite(fd, header, 0)
+            os.fdatasync(fd)
+            fsync_dir(self.directory)
+            _write_checked(self.directory / HEAD_FILE, _HEAD_FIELDS, seq, self.journal_id)
+        except BaseException:  # e.g. no room to preallocate: go on in the current file
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
         if self._fd >= 0:
             os.close(self._fd)
-        path = journal_path(self.directory, seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self.directory)
-        self._seq, self._offset = seq, os.fstat(self._fd).st_size
+        self._fd = fd
+        self._seq, self._offset = seq, len(header)
         self._written = Mark(seq, self._offset)
 
     @property
@@ -325,25 +561,41 @@ class Journal:
         if st.f_bavail * st.f_frsize < size:
             raise OSError(errno.ENOSPC, f"journal {self.directory}: {size} bytes to write, "
                                         f"{st.f_bavail * st.f_frsize} free")
+        if self.prealloc and self._offset + size + RECORD_HEADER > self._allocated:
+            grow = -(-(self._offset + size + RECORD_HEADER - self._allocated) // self.prealloc) * self.prealloc
+            os.posix_fallocate(self._fd, self._allocated, grow)
+            self._allocated += grow
+        offset = self._offset
         for i in range(0, len(parts), _IOV_MAX):
             chunk = parts[i:i + _IOV_MAX]
             want = sum(map(len, chunk))
-            n = os.writev(self._fd, chunk)
+            n = os.pwritev(self._fd, chunk, offset)
             if n < want:  # short write: finish the rest the slow way
                 view = memoryview(b"".join(chunk))[n:]
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.pwrite(self._fd, view, offset + want - len(view)):]
+            offset += want
         if self.fsync:
             os.fdatasync(self._fd)
         self._offset += size
         self._written = Mark(self._seq, self._offset)
         if self._offset >= self.max_file_size:
-            self._roll(self._seq + 1)
+            self._roll(self._seq + 1, os.fstat(self._fd).st_size)
 
     def _cut_back(self) -> bool:
-        """Remove what a failed group left after the last good record; False if that failed too."""
+        """Remove what a failed group left after the last good record (zero it in a preallocated
+        file, whose size must stay whole chunks); False if that failed too."""
         try:
-            os.ftruncate(self._fd, self._offset)
+            if self._allocated:
+                size = os.fstat(self._fd).st_size
+                if size > self._allocated:  # a failed extension may have grown the file
+                    os.ftruncate(self._fd, self._allocated)
+                end = min(size, self._allocated)
+                zeros = bytes(min(end - self._offset, 1024 * 1024)) if end > self._offset else b""
+                for at in range(self._offset, end, len(zeros) or 1):
+                    os.pwrite(self._fd, zeros[:end - at], at)
+            else:
+                os.ftruncate(self._fd, self._offset)
             if self.fsync:
                 os.fdatasync(self._fd)
             return True

@@ -18,12 +18,13 @@ from pybk import config
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
 
-from .bookie import Bookie, StorageOptions
+from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
 from .client import BookieClient, BookieError
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app
-from .journal import JournalCorruptError
+from .index import IndexDamagedError
+from .journal import JournalCorruptError, JournalGapError
 from .registration import Registration
 from .scrub import Scrubber
 from .service import BookieService, make_server
@@ -39,15 +40,44 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load(args, config.BOOKIE)
     if cfg is None:
         return 2
+    if cfg["rebuild_index"]:
+        return asyncio.run(rebuild(cfg))
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return asyncio.run(BookieServer(cfg).serve())
-    except (CookieMismatchError, JournalCorruptError) as exc:
+    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError) as exc:
         print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
         return 3
     except OSError as exc:
         print(f"pybk bookie: {exc}", file=sys.stderr)
         return 1
+
+
+async def rebuild(cfg: dict[str, Any]) -> int:
+    """`pybk bookie --rebuild-index`: rebuild the index of a stopped bookie, print a JSON summary.
+    Whoever can run it has the bookie's files anyway (it needs their write access); with
+    --metadata-uri it only reads ledger metadata (master keys)."""
+    ledger_dirs = [Path(d) for d in cfg["ledger_dir"]]
+    keys: dict[int, bytes] = {}
+    if cfg["metadata_uri"]:
+        from pybk.meta import MetadataStore
+        store = await MetadataStore.connect(cfg["metadata_uri"])
+        try:
+            keys = {md.ledger_id: md.master_key async for md in store.ledgers.list_metadata() if md.master_key}
+        finally:
+            await store.close()
+    try:
+        summary = await asyncio.to_thread(rebuild_index, Path(cfg["journal_dir"]), ledger_dirs, keys)
+    except DirsInUseError as exc:
+        print(f"pybk bookie: refusing to rebuild the index: {exc}", file=sys.stderr)
+        return 3
+    except OSError as exc:
+        print(f"pybk bookie: rebuilding the index failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"event": "index_rebuilt", **summary}), flush=True)
+    for problem in summary["damaged"]:
+        print(f"pybk bookie: skipped damaged data: {problem}", file=sys.stderr)
+    return 0
 
 
 class BookieServer:
@@ -66,7 +96,8 @@ class BookieServer:
             entrylog_max_file_size=cfg["entrylog_max_file_size"], max_entry_size=cfg["max_entry_size"],
             high_water_mark=cfg["high_water_mark"], low_water_mark=cfg["low_water_mark"],
             disk_capacity=cfg["disk_capacity"], disk_check_interval=cfg["disk_check_interval"],
-            compaction_threshold=cfg["compaction_threshold"], max_write_cache_bytes=cfg["max_write_cache_bytes"])
+            compaction_threshold=cfg["compaction_threshold"], max_write_cache_bytes=cfg["max_write_cache_bytes"],
+            journal_prealloc=cfg["journal_prealloc_size"], accept_journal_loss=cfg["accept_journal_loss"])
         self.storage = Bookie(self.journal_dir, self.ledger_dirs, opts)
         self.registration: Registration | None = None
         self.gc: GarbageCollector | None = None
@@ -162,6 +193,7 @@ class BookieServer:
                         write_local(d, expected)
             try:
                 await self.storage.start()
+                await self._report_journal_loss()
             except BaseException:
                 if self.registration:
                     await self.registration.close()
@@ -215,6 +247,27 @@ class BookieServer:
             await self._probe.close()
         await self.storage.close()
         return 0
+
+
+    async def _report_journal_loss(self) -> None:
+        """After an accepted journal loss, mark every ledger whose ensembles name this bookie
+        under-replicated, naming this bookie: which ledgers had entries in the lost range is
+        unknowable, and the replication worker copies back only what this bookie lacks. Until
+        that succeeded the loss stays recorded (journal.loss) and is reported at the next start."""
+        lost = self.storage.pending_journal_loss()
+        if not lost:
+            return
+        if not self.registration:
+            log.error("journal loss (%s) cannot be reported: no metadata store; re-replicate this bookie's "
+                      "ledgers by hand", "; ".join(lost))
+            return
+        store = self.registration.store
+        marked = [md.ledger_id async for md in store.ledgers.list_metadata() if self.bookie_id in md.bookies()]
+        for ledger_id in marked:
+            await store.underreplication.mark(ledger_id, [self.bookie_id])
+        self.storage.journal_loss_reported()
+        log.warning("journal loss reported: %d ledgers marked under-replicated for %s (%s)", len(marked),
+                    self.bookie_id, "; ".join(lost))
 
 
 def _listen(host: str, port: int) -> socket.socket:

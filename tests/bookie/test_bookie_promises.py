@@ -95,8 +95,8 @@ def _journal_with_records(bk):
 
 async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookies):
     """A torn last record is cut off and start-up goes on; a damaged middle record stops start-up
-    with a message naming the file and the offset."""
-    bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=3600)
+    with a message naming the file and the offset (files not preallocated: their size is their end)."""
+    bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=3600, journal_prealloc_size=0)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await asyncio.gather(*(c.add(21, i, body(21, i, i - 1), master_key=KEY) for i in range(100)))
     await asyncio.to_thread(bk.kill)
@@ -215,7 +215,7 @@ async def test_wrong_key_unauthorized_and_bad_requests_keep_server_up(bookies):
 
 async def test_read_only_past_high_water_mark_and_writable_below_low(bookies, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL, disk_capacity=8 * 1024 * 1024, high_water_mark=0.5,
-                  low_water_mark=0.4, disk_check_interval=0.1)
+                  low_water_mark=0.4, disk_check_interval=0.1, journal_prealloc_size="1MiB")  # counts as used
     store = await MetadataStore.connect(metadata_uri)
     try:
         async with await BookieClient.connect(bk.address, wait=30) as c:

@@ -10,7 +10,7 @@ import pytest
 from pybk import entry
 from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
-from pybk.bookie.journal import (Journal, JournalCorruptError, Mark, RecordType, encode_record,
+from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, Mark, RecordType, encode_record,
                                  encode_records, journal_files, replay)
 from pybk.bookie.state import LedgerState
 from pybk.bookie.writecache import WriteCache
@@ -91,13 +91,13 @@ async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(size - 20)
     assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == list(range(9))
-    assert path.stat().st_size == 9 * (25 + 50)
+    assert path.stat().st_size == FILE_HEADER_SIZE + 9 * (25 + 50)
     with open(path, "r+b") as f:
-        f.seek(3 * 75 + 30)
+        f.seek(FILE_HEADER_SIZE + 3 * 75 + 30)
         f.write(b"!")
     with pytest.raises(JournalCorruptError) as err:
         list(replay(tmp_path, Mark(0, 0)))
-    assert str(path) in str(err.value) and "offset 225" in str(err.value)
+    assert str(path) in str(err.value) and f"offset {FILE_HEADER_SIZE + 225}" in str(err.value)
 
 
 async def test_a_batch_of_records_is_the_single_records_back_to_back_replayed_in_order(tmp_path):
@@ -136,7 +136,7 @@ def test_write_cache_bytes_are_exact_without_rewrites():
 
 
 async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path):
-    opts = StorageOptions(checkpoint_interval=3600)
+    opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=0)  # file size = end of its records
     b = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
     await b.start()
     res, fut = b.add_batch(adds(1, 0, 20, lac=-2) + adds(2, 0, 5))
