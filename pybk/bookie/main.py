@@ -24,7 +24,7 @@ from .gc import GarbageCollector
 from .http import make_app
 from .journal import JournalCorruptError
 from .registration import Registration
-from .service import BookieService, make_server
+from .service import BookieService, Limits, make_server, message_limit
 
 log = logging.getLogger("pybk.bookie")
 
@@ -116,7 +116,13 @@ class BookieServer:
             loop.add_signal_handler(sig, self._stop.set)
         # Bind both ports first: a taken port fails the start before any cookie, journal or
         # registration is touched.
-        service = BookieService(self.storage, self.bookie_id, self.cfg["zone"])
+        cfg = self.cfg
+        limits = Limits(max_message_size=message_limit(cfg["max_message_size"], cfg["max_entry_size"]),
+                        max_add_bytes_in_flight=cfg["max_add_bytes_in_flight"],
+                        max_add_bytes_in_flight_per_connection=cfg["max_add_bytes_in_flight_per_connection"],
+                        max_read_buffer_bytes=cfg["max_read_buffer_bytes"],
+                        read_stream_timeout=cfg["read_stream_timeout"])
+        service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits)
         grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
         try:
             http_sock = _listen(self.cfg["host"], self.cfg["http_port"])
@@ -167,6 +173,7 @@ class BookieServer:
         site = web.SockSite(runner, http_sock)
         await site.start()
         self.serving = True
+        lag_watch = loop.create_task(self.storage.metrics.watch_loop_lag(), name="loop-lag")
         if self.registration:
             self.storage.on_read_only_change = self.registration.read_only_changed
             self.registration.start()
@@ -181,6 +188,7 @@ class BookieServer:
         await self._stop.wait()
         log.info("stopping")
         self.serving = False
+        lag_watch.cancel()
         if self.registration:
             await embedded.stop()
             await self.gc.close()
