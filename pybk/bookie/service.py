@@ -67,8 +67,9 @@ class ReadBuffer:
         self.timeout = timeout
         self.used = 0
         self._writers: dict[asyncio.Task, float] = {}  # stream task -> when its write began
-        self._evicted: set[asyncio.Task] = set()
+        self._evicted: dict[asyncio.Task, str] = {}    # stream task -> why it is cancelled
         self._freed = asyncio.Event()
+        self._sweeper: asyncio.Task | None = None
 
     async def reserve(self, nbytes: int) -> bool:
         """Room for an answer of up to nbytes, taken before the answer is built; False if none
@@ -79,31 +80,47 @@ class ReadBuffer:
         return True
 
     async def send(self, context, message, nbytes: int) -> None:
-        """Write an answer into the room reserved for it (nbytes, also 0: none); ends the call
-        itself when its client takes no answer in time or is stuck while room is short."""
+        """Write an answer into the room reserved for it (nbytes, also 0: none); the call is
+        cancelled when its client takes no answer in time, or is stuck while room is short.
+        No timer per write: a sweeper looks at the writes in progress (cheap for short reads)."""
         task = asyncio.current_task()
         self._writers[task] = asyncio.get_running_loop().time()
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="read-sweeper")
         try:
-            async with asyncio.timeout(self.timeout):
-                await context.write(message)
-        except TimeoutError:
-            log.warning("%s took no answer for %gs (read_stream_timeout): cancelling its stream",
-                        context.peer(), self.timeout)
-            raise asyncio.CancelledError from None
+            await context.write(message)
         except asyncio.CancelledError:
-            if task in self._evicted:
-                log.warning("%s took no answer while the read buffer was full: cancelling its stream",
-                            context.peer())
+            why = self._evicted.get(task)
+            if why:
+                log.warning("%s %s: cancelling its stream", context.peer(), why)
             raise
         finally:
             del self._writers[task]
-            self._evicted.discard(task)
+            self._evicted.pop(task, None)
             self.release(nbytes)
 
     def release(self, nbytes: int) -> None:
         """Give back room reserved for an answer that is not sent."""
         self.used -= nbytes
         self._freed.set()
+
+    def _evict(self, task: asyncio.Task, why: str) -> None:
+        self._evicted[task] = why
+        task.cancel()
+
+    async def _sweep(self) -> None:
+        """Cancel the streams whose client took no answer for `timeout` seconds; ends when no
+        write is in progress (send starts it again)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._writers:
+                await asyncio.sleep(min(self.STUCK_SECONDS, self.timeout / 2))
+                now = loop.time()
+                for task, since in list(self._writers.items()):
+                    if now - since >= self.timeout and task not in self._evicted:
+                        self._evict(task, f"took no answer for {self.timeout:g}s (read_stream_timeout)")
+        finally:
+            self._sweeper = None
 
     async def _room(self, nbytes: int) -> bool:
         loop = asyncio.get_running_loop()
@@ -115,9 +132,9 @@ class ReadBuffer:
             stuck = [(since, t) for t, since in self._writers.items()
                      if now - since >= self.STUCK_SECONDS and t not in self._evicted]
             if stuck:
-                task = min(stuck, key=lambda st: st[0])[1]
-                self._evicted.add(task)
-                task.cancel()
+                self._evict(min(stuck, key=lambda st: st[0])[1],
+                            f"took no answer while the read buffer ({self.limit} bytes, max_read_buffer_bytes) "
+                            f"was full")
             self._freed.clear()
             try:
                 async with asyncio.timeout(min(self.STUCK_SECONDS, deadline - now)):

@@ -151,6 +151,19 @@ async def test_read_streams_that_stop_reading_are_paused_then_cancelled(bookies)
             await ch.close()
 
 
+async def test_a_read_stream_whose_client_takes_nothing_is_cancelled_after_the_timeout(bookies):
+    """One reader stops after its first answer while the read buffer has room: the bookie
+    cancels its stream after read_stream_timeout, saying why."""
+    bk, = bookies(1, metadata_uri=None, read_stream_timeout=1)
+    async with await BookieClient.connect(bk.address, wait=30) as client:
+        await asyncio.gather(*(client.add(7, e, body(7, e, 256 * 1024), master_key=KEY) for e in range(40)))
+    async with grpc.aio.insecure_channel(bk.address, options=UNLIMITED + [("grpc.http2.bdp_probe", 0)]) as ch:
+        call = rpc.BookieStub(ch).Read(pb.ReadRequest(ledger_id=7, first_entry=0, last_entry=39))
+        assert (await call.read()).status == pb.OK
+        await poll(lambda: "took no answer for 1s (read_stream_timeout): cancelling its stream" in bk.log_tail(20),
+                   30, "the stalled stream cancelled")
+
+
 # ---- no records for ledgers never stored ------------------------------------------------------
 
 async def test_calls_on_unknown_ledgers_create_no_ledger_record(bookies):
