@@ -199,8 +199,9 @@ def _water_marks(cfg: Mapping[str, Any]) -> str | None:
 
 
 def _message_size(cfg: Mapping[str, Any]) -> str | None:
-    if cfg["max_message_size"] and cfg["max_message_size"] < cfg["max_entry_size"] + 64 * 1024:
-        return "max_message_size must exceed max_entry_size by at least 64KiB (or be 0: max_entry_size + 4MiB)"
+    # a read answer holds up to 1MiB of entries plus one more entry
+    if cfg["max_message_size"] and cfg["max_message_size"] < cfg["max_entry_size"] + 2 * 1024 * 1024:
+        return "max_message_size must exceed max_entry_size by at least 2MiB (or be 0: max_entry_size + 4MiB)"
     return None
 
 
@@ -240,7 +241,8 @@ BOOKIE = Process("bookie", COMMON + (
     Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
     Option("max_message_size", "largest gRPC message the bookie receives or sends (as BookKeeper's "
            "nettyMaxFrameSizeBytes); a bigger one ends its call with RESOURCE_EXHAUSTED before it is held in "
-           "memory. 0 = max_entry_size + 4MiB (clients assume the default, 9MiB)", 0, parse_size),
+           "memory. 0 = max_entry_size + 4MiB. Clients send at most 9MiB (the default): a smaller limit needs them "
+           "configured alike", 0, parse_size),
     Option("max_add_bytes_in_flight", "entry bytes of adds received but not yet answered, over all connections; "
            "adds beyond it get TOO_MANY_REQUESTS (clients resend them later)", "256MiB", parse_size),
     Option("max_add_bytes_in_flight_per_connection", "the same cap for one client's Add stream", "64MiB",

@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from pybk.proto import pb, rpc
 
 from .bookie import Bookie, BookieStorageError
-from .client import MESSAGE_HEADROOM
+from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 
 log = logging.getLogger("pybk.bookie.service")
 
@@ -37,7 +37,7 @@ GRPC_OPTIONS = [("grpc.keepalive_permit_without_calls", 1),
 class Limits:
     """What one client may hold of a bookie's memory (the bookie's options of the same names)."""
 
-    max_message_size: int = 5 * 1024 * 1024 + MESSAGE_HEADROOM
+    max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES
     max_add_bytes_in_flight: int = 256 * 1024 * 1024
     max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
     max_read_buffer_bytes: int = 64 * 1024 * 1024
