@@ -96,27 +96,48 @@ async def test_the_client_refuses_an_entry_larger_than_a_message_and_goes_on(boo
 
 # ---- adds in flight ---------------------------------------------------------------------------
 
-async def test_adds_beyond_the_bytes_in_flight_cap_get_too_many_requests(bookies):
-    """Batches pushed on one stream faster than the journal takes them: those beyond the
-    per-connection cap are refused with TOO_MANY_REQUESTS naming the cap, every accepted one is
-    durable and reads back."""
-    bk, = bookies(1, metadata_uri=None, journal_group_wait=0.3, max_add_bytes_in_flight="8MiB",
-                  max_add_bytes_in_flight_per_connection="2MiB")
-    async with grpc.aio.insecure_channel(bk.address, options=UNLIMITED) as channel:
+async def _push_adds(address: str, ledger: int) -> list:
+    """30 batches of 8 x 64 KiB entries sent on one Add stream without waiting; their results."""
+    async with grpc.aio.insecure_channel(address, options=UNLIMITED) as channel:
         stub = rpc.BookieStub(channel)
-        batches = [pb.AddBatch(entries=[pb.AddEntry(request_id=b * 8 + i, ledger_id=3, entry_id=b * 8 + i,
-                                                    master_key=KEY, body=body(3, b * 8 + i, 64 * 1024))
+        batches = [pb.AddBatch(entries=[pb.AddEntry(request_id=b * 8 + i, ledger_id=ledger, entry_id=b * 8 + i,
+                                                    master_key=KEY, body=body(ledger, b * 8 + i, 64 * 1024))
                                         for i in range(8)]) for b in range(30)]
-        results = [r async for res in stub.Add(iter(batches)) for r in res.results]
+        return [r async for res in stub.Add(iter(batches)) for r in res.results]
+
+
+async def _check_refusals(address: str, ledger: int, results: list, cap: str) -> None:
+    """Some adds were refused with TOO_MANY_REQUESTS naming the cap; every accepted one reads back."""
     assert len(results) == 240
-    ok = [r.request_id for r in results if r.status == pb.OK]
     refused = [r for r in results if r.status != pb.OK]
     assert refused, "no add was refused"
     assert {r.status for r in refused} == {pb.TOO_MANY_REQUESTS}
-    assert "in flight" in refused[0].message and "2097152" in refused[0].message, refused[0].message
-    async with await BookieClient.connect(bk.address, wait=30) as client:
-        for eid in ok:
-            assert await client.read(3, eid) == body(3, eid, 64 * 1024)
+    assert "in flight" in refused[0].message and cap in refused[0].message, refused[0].message
+    async with await BookieClient.connect(address, wait=30) as client:
+        for eid in (r.request_id for r in results if r.status == pb.OK):
+            assert await client.read(ledger, eid) == body(ledger, eid, 64 * 1024)
+
+
+async def test_adds_beyond_the_bytes_in_flight_cap_of_a_connection_get_too_many_requests(bookies):
+    """Batches pushed on one stream faster than the journal takes them: those beyond the
+    per-connection cap are refused with TOO_MANY_REQUESTS naming the cap, every accepted one is
+    durable and reads back."""
+    bk, = bookies(1, metadata_uri=None, journal_group_wait=0.3, max_add_bytes_in_flight="64MiB",
+                  max_add_bytes_in_flight_per_connection="2MiB")
+    await _check_refusals(bk.address, 3, await _push_adds(bk.address, 3), "max_add_bytes_in_flight_per_connection")
+
+
+async def test_adds_beyond_the_bytes_in_flight_cap_of_the_bookie_get_too_many_requests(bookies):
+    """Three streams each within their own cap push together past the bookie's cap: the adds
+    beyond it are refused with TOO_MANY_REQUESTS naming that cap, every accepted one reads back."""
+    bk, = bookies(1, metadata_uri=None, journal_group_wait=0.3, max_add_bytes_in_flight="2MiB",
+                  max_add_bytes_in_flight_per_connection="64MiB")
+    outcomes = await asyncio.gather(*(_push_adds(bk.address, lg) for lg in (8, 9, 10)))
+    refused = [r for results in outcomes for r in results if r.status != pb.OK]
+    assert refused and all("on this bookie" in r.message for r in refused)
+    for lg, results in zip((8, 9, 10), outcomes):
+        if any(r.status != pb.OK for r in results):
+            await _check_refusals(bk.address, lg, results, "max_add_bytes_in_flight)")
 
 
 # ---- slow readers -----------------------------------------------------------------------------
