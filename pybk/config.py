@@ -198,6 +198,13 @@ def _water_marks(cfg: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _message_size(cfg: Mapping[str, Any]) -> str | None:
+    # a read answer holds up to 1MiB of entries plus one more entry
+    if cfg["max_message_size"] and cfg["max_message_size"] < cfg["max_entry_size"] + 2 * 1024 * 1024:
+        return "max_message_size must exceed max_entry_size by at least 2MiB (or be 0: max_entry_size + 4MiB)"
+    return None
+
+
 BOOKIE = Process("bookie", COMMON + (
     dataclasses.replace(METADATA_URI, help=METADATA_URI.help + "; without it the bookie runs unregistered "
                         "(no cookie in etcd, no registration)"),
@@ -241,6 +248,18 @@ BOOKIE = Process("bookie", COMMON + (
            "flight and journal backlog hold more than this", "1GiB", parse_size),
     Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
     Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
+    Option("max_message_size", "largest gRPC message the bookie receives or sends (as BookKeeper's "
+           "nettyMaxFrameSizeBytes); a bigger one ends its call with RESOURCE_EXHAUSTED before it is held in "
+           "memory. 0 = max_entry_size + 4MiB. Clients send at most 9MiB (the default): a smaller limit needs them "
+           "configured alike", 0, parse_size),
+    Option("max_add_bytes_in_flight", "entry bytes of adds received but not yet answered, over all connections; "
+           "adds beyond it get TOO_MANY_REQUESTS (clients resend them later)", "256MiB", parse_size),
+    Option("max_add_bytes_in_flight_per_connection", "the same cap for one client's Add stream", "64MiB",
+           parse_size),
+    Option("max_read_buffer_bytes", "bytes of read answers handed to gRPC and not yet taken by their clients, "
+           "over all Read streams; further reads wait until slow readers take theirs", "64MiB", parse_size),
+    Option("read_stream_timeout", "seconds a Read stream may wait for its client to take the next answer "
+           "before the bookie cancels it", 30.0, Number(float, 0.1)),
     Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
            "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, Number(float, 0)),
     Option("scrub_interval", "seconds between scrubs, which check every checkpointed entry against its "
@@ -252,7 +271,7 @@ BOOKIE = Process("bookie", COMMON + (
     Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, Number(int, 1)),
     Option("autorecovery", "also run autorecovery (auditor candidate + replication worker) in this process, "
            "tuned by the autorecovery options (--lost-bookie-delay, ...)", False, parse_bool),
-) + RECOVERY_TUNING, checks=(_water_marks,))
+) + RECOVERY_TUNING, checks=(_water_marks, _message_size))
 
 AUTORECOVERY = Process("autorecovery", COMMON + (
     dataclasses.replace(METADATA_URI, required=True),

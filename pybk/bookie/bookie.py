@@ -301,6 +301,9 @@ class Bookie:
             if hl != ledger or he != eid or eid < 0:
                 errors.append((i, _BAD, f"request says entry {ledger}:{eid}, body header says {hl}:{he}"))
                 continue
+            if hlac >= eid:
+                errors.append((i, _BAD, f"entry {ledger}:{eid} carries LAC {hlac}: a LAC must be below its entry id"))
+                continue
             if ledger != last_ledger:
                 if st is not None and cur_lac > st.lac:
                     st.lac = cur_lac
@@ -396,24 +399,39 @@ class Bookie:
         await self.journal.append(b"".join(records))
         return _OK, st.last_add_confirmed
 
-    async def write_lac(self, ledger: int, lac: int, master_key: bytes) -> int:
-        """Record an explicit LAC (journaled); returns a status."""
+    async def write_lac(self, ledger: int, lac: int, master_key: bytes) -> tuple[int, str]:
+        """Record an explicit LAC (journaled); returns (status, why not). A ledger this bookie never
+        stored is NO_LEDGER (no record is created for it), and a LAC past the last entry it holds is
+        BAD_REQUEST: a writer only confirms entries its bookies acknowledged, and readers take the
+        largest LAC of a quorum, so the bookies that hold the entry carry its LAC."""
         st = self.ledgers.get(ledger)
+        if st is None:
+            return pb.NO_LEDGER, f"ledger {ledger} is not stored on this bookie"
         status = check_key(st, master_key)
         if status != _OK:
-            return status
-        records = []
-        if st is None:
-            st = self.ledgers[ledger] = LedgerState(master_key=master_key)
-            records.append(encode_record(_MASTER_KEY, ledger, -1, master_key))
-        records.append(encode_record(_LAC, ledger, lac))
-        fut = self.journal.append(b"".join(records))
+            return status, "master key missing" if status == _BAD else f"wrong master key for ledger {ledger}"
+        if lac > st.last_add_confirmed:
+            last = self.last_entry(ledger)
+            if last is None or lac > last:
+                return _BAD, (f"explicit LAC {lac} of ledger {ledger} is beyond the entries this bookie holds "
+                              f"(last entry {-1 if last is None else last})")
+        fut = self.journal.append(encode_record(_LAC, ledger, lac))
         if lac > st.explicit_lac:
             st.explicit_lac = lac
             st.dirty = True
             self._wake_lac(ledger)
         await fut
-        return _OK
+        return _OK, ""
+
+    def last_entry(self, ledger: int) -> int | None:
+        """The highest entry id of a ledger stored here (write cache, checkpoint in flight or
+        index), None if none."""
+        ids = [max(c.ledgers[ledger]) for c in (self.cache, self.flushing)
+               if c is not None and c.ledgers.get(ledger)]
+        indexed = self.index.last_entry(ledger)
+        if indexed is not None:
+            ids.append(indexed)
+        return max(ids, default=None)
 
     def lac(self, ledger: int) -> int | None:
         """The bookie's LAC for a ledger, None if it knows nothing of the ledger."""

@@ -14,8 +14,10 @@ import grpc
 
 from pybk.proto import pb, rpc
 
+MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
+DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
+_ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1),
                 # a restarted bookie is found again within ~2 s, not after gRPC's 2-minute backoff
@@ -74,12 +76,17 @@ class BookieClient:
     """One gRPC channel to one bookie. Create with `await BookieClient.connect("host:port")`."""
 
     def __init__(self, address: str, max_batch_bytes: int = 1024 * 1024, max_batch_entries: int = 8192,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        """max_message_bytes matches the bookies' max_message_size: no Add message is bigger, and
+        an entry that cannot fit in one is refused here with BAD_REQUEST."""
         self.address = address
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_entries = max_batch_entries
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.max_message_bytes = max_message_bytes
+        self._batch_room = max_message_bytes - (max_batch_entries + 1) * _ENTRY_OVERHEAD  # body bytes per batch
+        self._channel = grpc.aio.insecure_channel(
+            address, options=[*GRPC_OPTIONS, ("grpc.max_send_message_length", max_message_bytes)])
         self._stub = rpc.BookieStub(self._channel)
         self._batch = pb.AddBatch()
         self._batch_add = self._batch.entries.add
@@ -140,6 +147,14 @@ class BookieClient:
         if self._closed:
             _complete(done, BookieUnavailableError("client closed", self.address))
             return
+        size = len(body)
+        if self._pending_bytes + size > self._batch_room:
+            if size > self._batch_room:
+                _complete(done, BookieError(Status.BAD_REQUEST, f"entry {ledger_id}:{entry_id} of {size} bytes does "
+                                            f"not fit the max message size of {self.max_message_bytes} bytes",
+                                            self.address))
+                return
+            self._flush()
         rid = self._next_id
         try:
             if recovery:
@@ -156,7 +171,7 @@ class BookieClient:
         if not self._pending:
             self._pending_first = rid
         self._pending += 1
-        self._pending_bytes += len(body)
+        self._pending_bytes += size
         if self._pending_bytes >= self.max_batch_bytes or self._pending >= self.max_batch_entries:
             self._flush()
         elif self._inflight == 0 and not self._flush_scheduled:

@@ -1,6 +1,9 @@
 """The bookie's admin HTTP API (aiohttp) and Prometheus metrics endpoint."""
 from __future__ import annotations
 
+import asyncio
+import bisect
+import json
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -11,6 +14,28 @@ from pybk.meta import MetadataError, MetadataStore, NoSuchLedgerError
 from .bookie import Bookie
 from .gc import GarbageCollector
 from .scrub import Scrubber
+
+
+LEDGER_PAGE = 1000  # ledgers per /api/v1/ledger/list page unless ?limit= says otherwise
+MAX_LEDGER_PAGE = 100_000
+
+
+def _ledger_page(bookie: Bookie, ids: list[int], start: int, limit: int, with_entries: bool) -> bytes:
+    """Worker thread: the JSON of one page of the ledger list, from ledger id `start`."""
+    ids.sort()
+    first = bisect.bisect_left(ids, start)
+    page = ids[first:first + limit]
+    out = []
+    for lid in page:
+        st = bookie.ledgers.get(lid)
+        if st is None:  # deleted meanwhile
+            continue
+        item = {"ledger_id": lid, "lac": st.last_add_confirmed, "fenced": st.fenced}
+        if with_entries:
+            item["entries"] = bookie.list_entries(lid)
+        out.append(item)
+    more = first + limit < len(ids)
+    return json.dumps({"ledgers": out, "next": page[-1] + 1 if more else None}).encode()
 
 
 def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
@@ -86,16 +111,24 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
             return web.json_response({"error": f"scrub failed: {exc}"}, status=503)
 
     async def ledger_list(request: web.Request) -> web.Response:
-        """Ledgers this bookie holds, with their LAC and fenced flag (?entries=true adds ranges)."""
+        """Ledgers this bookie holds with their LAC and fenced flag, one page at a time:
+        ?start=<first ledger id>&limit=<page size, default 1000, at most 100000>; `next` in the
+        answer is the start of the next page (null after the last). ?entries=true adds each
+        ledger's entry ranges. Worked out in a worker thread, so a long listing never stalls the
+        event loop. Anyone who reaches the admin port may call it."""
+        try:
+            start = int(request.query.get("start", 0))
+            limit = int(request.query.get("limit", LEDGER_PAGE))
+            if start < 0 or not 0 < limit <= MAX_LEDGER_PAGE:
+                raise ValueError
+        except ValueError:
+            return web.json_response({"error": f"pass ?start=<ledger id >= 0>&limit=<1..{MAX_LEDGER_PAGE}>"},
+                                     status=400)
         with_entries = request.query.get("entries", "").lower() in ("1", "true", "yes")
-        out = []
-        for lid in sorted(bookie.ledgers):
-            st = bookie.ledgers[lid]
-            item = {"ledger_id": lid, "lac": st.last_add_confirmed, "fenced": st.fenced}
-            if with_entries:
-                item["entries"] = bookie.list_entries(lid)
-            out.append(item)
-        return web.json_response({"ledgers": out})
+        ids = list(bookie.ledgers)  # a snapshot; the thread must not iterate a dict the loop changes
+        body = await asyncio.get_running_loop().run_in_executor(
+            None, _ledger_page, bookie, ids, start, limit, with_entries)
+        return web.Response(body=body, content_type="application/json")
 
     async def ledger_metadata(request: web.Request) -> web.Response:
         try:

@@ -199,6 +199,19 @@ class Index:
                     break
                 yield e
 
+    def last_entry(self, ledger: int) -> int | None:
+        """The highest entry id of a ledger in the index, None if it has none."""
+        with self.env.begin(db=self.locations) as txn:
+            cur = txn.cursor()
+            if cur.set_range(KEY.pack(ledger + 1, 0)):
+                found = cur.prev()
+            else:
+                found = cur.last()
+            if not found:
+                return None
+            l, e = KEY.unpack(cur.key())
+        return e if l == ledger else None
+
     def live_locations(self, dir_index: int, log_ids: set[int]) -> dict[int, list[tuple[int, int, int]]]:
         """(ledger, entry, offset) of every indexed entry stored in the given logs of one dir."""
         out: dict[int, list[tuple[int, int, int]]] = {}

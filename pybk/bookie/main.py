@@ -27,7 +27,7 @@ from .index import IndexDamagedError
 from .journal import JournalCorruptError, JournalGapError
 from .registration import Registration
 from .scrub import Scrubber
-from .service import BookieService, make_server
+from .service import BookieService, Limits, make_server, message_limit
 
 log = logging.getLogger("pybk.bookie")
 PROBE_TIMEOUT = 2.0  # seconds the readiness check waits for this bookie's own Info call
@@ -166,7 +166,13 @@ class BookieServer:
             loop.add_signal_handler(sig, self._stop.set)
         # Bind both ports first: a taken port fails the start before any cookie, journal or
         # registration is touched.
-        service = BookieService(self.storage, self.bookie_id, self.cfg["zone"])
+        cfg = self.cfg
+        limits = Limits(max_message_size=message_limit(cfg["max_message_size"], cfg["max_entry_size"]),
+                        max_add_bytes_in_flight=cfg["max_add_bytes_in_flight"],
+                        max_add_bytes_in_flight_per_connection=cfg["max_add_bytes_in_flight_per_connection"],
+                        max_read_buffer_bytes=cfg["max_read_buffer_bytes"],
+                        read_stream_timeout=cfg["read_stream_timeout"])
+        service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits)
         grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
         try:
             http_sock = _listen(self.cfg["host"], self.cfg["http_port"])
@@ -222,6 +228,7 @@ class BookieServer:
         await site.start()
         self.serving = True
         self.scrubber.start()
+        lag_watch = loop.create_task(self.storage.metrics.watch_loop_lag(), name="loop-lag")
         if self.registration:
             self.storage.on_read_only_change = self.registration.read_only_changed
             self.registration.start()
@@ -237,6 +244,7 @@ class BookieServer:
         log.info("stopping")
         self.serving = False
         await self.scrubber.close()
+        lag_watch.cancel()
         if self.registration:
             await embedded.stop()
             await self.gc.close()

@@ -1,7 +1,16 @@
 """The bookie's Prometheus metrics, in a registry of its own (served at /metrics)."""
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+log = logging.getLogger("pybk.bookie.metrics")
+
+LOOP_LAG_INTERVAL = 0.1  # seconds between event loop lag samples
+LOOP_LAG_WARNING = 1.0   # a lag this long is logged as well
 
 
 class Metrics:
@@ -47,8 +56,23 @@ class Metrics:
                                     "(Unix time)", registry=r)
         self.scrub_last_run_seconds = Gauge("pybk_scrub_last_run_duration_seconds", "how long the last scrub "
                                             "run took", registry=r)
+        self.loop_lag = Histogram("pybk_event_loop_lag_seconds", "how late the event loop ran a timer "
+                                  "(time it was busy with other work)",
+                                  buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
 
     def journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:
         self.journal_fsync.observe(seconds)
         self.journal_group.observe(appends)
         self.journal_bytes.inc(nbytes)
+
+    async def watch_loop_lag(self, interval: float = LOOP_LAG_INTERVAL) -> None:
+        """Run forever: sample how late a timer fires into pybk_event_loop_lag_seconds, and log a
+        lag that could cost leases or client timeouts."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval)
+            lag = max(loop.time() - start - interval, 0.0)
+            self.loop_lag.observe(lag)
+            if lag >= LOOP_LAG_WARNING:
+                log.warning("the event loop was busy for %.1fs", lag)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -14,6 +15,7 @@ from google.protobuf.message import DecodeError
 from pybk.proto import pb, rpc
 
 from .bookie import Bookie, BookieStorageError
+from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 
 log = logging.getLogger("pybk.bookie.service")
 
@@ -23,9 +25,7 @@ MAX_LONG_POLL_MS = 60_000
 MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
 # Clients ping every 10 s, also between calls, to notice a dead bookie quickly; the server must
 # permit that, or gRPC's default (one ping per 5 min without data) answers GOAWAY too_many_pings.
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024),
-                ("grpc.keepalive_permit_without_calls", 1),
+GRPC_OPTIONS = [("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 # gRPC sets SO_REUSEPORT by default: a second bookie configured with the same port
@@ -33,23 +33,148 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.so_reuseport", 0)]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of a bookie's memory (the bookie's options of the same names)."""
+
+    max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_add_bytes_in_flight: int = 256 * 1024 * 1024
+    max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
+    max_read_buffer_bytes: int = 64 * 1024 * 1024
+    read_stream_timeout: float = 30.0
+
+
+def message_limit(max_message_size: int, max_entry_size: int) -> int:
+    """The largest gRPC message: as configured, or (0) the largest entry plus headroom."""
+    return max_message_size or max_entry_size + MESSAGE_HEADROOM
+
+
+class ReadBuffer:
+    """Read answers handed to gRPC and not yet taken by their clients, over all Read streams.
+
+    An answer is built only once the previous one of its stream was taken, so a stream whose
+    client stops reading holds one answer. Room for it is reserved here first: when the answers
+    held would pass the byte limit a new one waits, and if the oldest held one has waited longer
+    than STUCK_SECONDS its stream is cancelled at once, so stuck readers cannot keep live ones
+    waiting; a stream whose client takes nothing for `timeout` seconds is cancelled anyway.
+    Failure mode: gRPC cannot reset a stream from the server, so a cancelled stream's last
+    answer stays queued in gRPC until its client reads or disconnects."""
+
+    STUCK_SECONDS = 1.0
+
+    def __init__(self, limit: int, timeout: float):
+        self.limit = limit
+        self.timeout = timeout
+        self.used = 0
+        self._writers: dict[asyncio.Task, float] = {}  # stream task -> when its write began
+        self._evicted: dict[asyncio.Task, str] = {}    # stream task -> why it is cancelled
+        self._freed = asyncio.Event()
+        self._sweeper: asyncio.Task | None = None
+
+    async def reserve(self, nbytes: int) -> bool:
+        """Room for an answer of up to nbytes, taken before the answer is built; False if none
+        was found within the timeout (the caller answers TOO_MANY_REQUESTS). `send` gives it back."""
+        if self.used and self.used + nbytes > self.limit and not await self._room(nbytes):
+            return False
+        self.used += nbytes
+        return True
+
+    async def send(self, context, message, nbytes: int) -> None:
+        """Write an answer into the room reserved for it (nbytes, also 0: none); the call is
+        cancelled when its client takes no answer in time, or is stuck while room is short.
+        No timer per write: a sweeper looks at the writes in progress (cheap for short reads)."""
+        task = asyncio.current_task()
+        self._writers[task] = asyncio.get_running_loop().time()
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="read-sweeper")
+        try:
+            await context.write(message)
+        except asyncio.CancelledError:
+            why = self._evicted.get(task)
+            if why:
+                log.warning("%s %s: cancelling its stream", context.peer(), why)
+            raise
+        finally:
+            del self._writers[task]
+            self._evicted.pop(task, None)
+            self.release(nbytes)
+
+    def release(self, nbytes: int) -> None:
+        """Give back room reserved for an answer that is not sent."""
+        self.used -= nbytes
+        self._freed.set()
+
+    def _evict(self, task: asyncio.Task, why: str) -> None:
+        self._evicted[task] = why
+        task.cancel()
+
+    async def _sweep(self) -> None:
+        """Cancel the streams whose client took no answer for `timeout` seconds; ends when no
+        write is in progress (send starts it again)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._writers:
+                await asyncio.sleep(min(self.STUCK_SECONDS, self.timeout / 2))
+                now = loop.time()
+                for task, since in list(self._writers.items()):
+                    if now - since >= self.timeout and task not in self._evicted:
+                        self._evict(task, f"took no answer for {self.timeout:g}s (read_stream_timeout)")
+        finally:
+            self._sweeper = None
+
+    async def _room(self, nbytes: int) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while self.used and self.used + nbytes > self.limit:
+            now = loop.time()
+            if now >= deadline:
+                return False
+            stuck = [(since, t) for t, since in self._writers.items()
+                     if now - since >= self.STUCK_SECONDS and t not in self._evicted]
+            if stuck:
+                self._evict(min(stuck, key=lambda st: st[0])[1],
+                            f"took no answer while the read buffer ({self.limit} bytes, max_read_buffer_bytes) "
+                            f"was full")
+            self._freed.clear()
+            try:
+                async with asyncio.timeout(min(self.STUCK_SECONDS, deadline - now)):
+                    await self._freed.wait()
+            except TimeoutError:
+                pass
+        return True
+
+
 class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
-    def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = ""):
+    def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
+                 limits: Limits = Limits()):
         self.bookie = bookie
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
+        self.limits = limits
+        self.add_bytes_in_flight = 0
+        self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
 
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
-        each batch becomes durable, one AddResults per AddBatch."""
+        each batch becomes durable, one AddResults per AddBatch. The request iterator yields
+        (batch, its size on the wire). A batch that would take the bytes in flight (received, not
+        yet durable) of this stream or of the bookie past their caps is answered TOO_MANY_REQUESTS
+        at once; one batch alone always passes."""
         bookie = self.bookie
+        limits = self.limits
+        conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
         done: asyncio.Queue = asyncio.Queue()
-        state = {"outstanding": 0, "eof": False}
+        state = {"outstanding": 0, "eof": False, "bytes": 0}
 
-        def finish(batch, results, fut):
+        def release(nbytes: int) -> None:
+            state["bytes"] -= nbytes
+            self.add_bytes_in_flight -= nbytes
+
+        def finish(batch, results, fut, nbytes):
+            release(nbytes)
             error = None
             if fut is not None:
                 exc = fut.exception() if not fut.cancelled() else OSError("bookie shutting down")
@@ -59,9 +184,19 @@ class BookieService(rpc.BookieServicer):
 
         async def reader():
             try:
-                async for batch in request_iterator:
+                async for batch, nbytes in request_iterator:
                     state["outstanding"] += 1
                     bookie.metrics.add_batch_size.observe(len(batch.entries))
+                    refusal = _over_cap(state["bytes"], nbytes, conn_cap, "on this connection",
+                                        "max_add_bytes_in_flight_per_connection") or \
+                        _over_cap(self.add_bytes_in_flight, nbytes, total_cap, "on this bookie",
+                                  "max_add_bytes_in_flight")
+                    if refusal:
+                        finish(batch, [(i, pb.TOO_MANY_REQUESTS, refusal) for i in range(len(batch.entries))],
+                               None, 0)
+                        continue
+                    state["bytes"] += nbytes
+                    self.add_bytes_in_flight += nbytes
                     try:
                         results, fut = bookie.add_batch(batch.entries)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
@@ -69,9 +204,9 @@ class BookieService(rpc.BookieServicer):
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
                         fut = None
                     if fut is None:
-                        finish(batch, results, None)
+                        finish(batch, results, None, nbytes)
                     else:
-                        fut.add_done_callback(lambda f, b=batch, r=results: finish(b, r, f))
+                        fut.add_done_callback(lambda f, b=batch, r=results, n=nbytes: finish(b, r, f, n))
             finally:
                 state["eof"] = True
                 done.put_nowait(None)
@@ -92,6 +227,9 @@ class BookieService(rpc.BookieServicer):
             task.cancel()
 
     async def Read(self, request, context):
+        """Answers go out one at a time, each built only after the previous one was taken: a
+        client that stops reading pauses its stream, and the room its answers hold in the
+        bookie's ReadBuffer is bounded (see there)."""
         bookie = self.bookie
         ledger, first, last = request.ledger_id, request.first_entry, request.last_entry
         m = bookie.metrics
@@ -100,10 +238,10 @@ class BookieService(rpc.BookieServicer):
                 status, lac = await bookie.fence(ledger, request.master_key)
                 if status != pb.OK:
                     m.read_errors.labels(pb.Status.Name(status)).inc()
-                    yield pb.ReadResults(status=status, message=_why(status, ledger), lac=-1)
+                    await context.write(pb.ReadResults(status=status, message=_why(status, ledger), lac=-1))
                     return
                 if first < 0:
-                    yield pb.ReadResults(status=pb.OK, lac=lac)
+                    await context.write(pb.ReadResults(status=pb.OK, lac=lac))
                     return
             if first < 0:
                 if request.flags & pb.LONG_POLL:
@@ -112,57 +250,71 @@ class BookieService(rpc.BookieServicer):
                 else:
                     lac = bookie.lac(ledger)
                 if lac is None:
-                    yield pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1)
+                    await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger),
+                                                       lac=-1))
                 else:
-                    yield pb.ReadResults(status=pb.OK, lac=lac)
+                    await context.write(pb.ReadResults(status=pb.OK, lac=lac))
                 return
             if last < first:
-                yield pb.ReadResults(status=pb.BAD_REQUEST, lac=-1,
-                                     message=f"bad range [{first}, {last}]: last must be >= first >= 0")
+                await context.write(pb.ReadResults(status=pb.BAD_REQUEST, lac=-1,
+                                                   message=f"bad range [{first}, {last}]: last must be >= first >= 0"))
                 return
             step = request.step or 1
             if step > MAX_READ_STEP:
                 m.read_errors.labels("BAD_REQUEST").inc()
-                yield pb.ReadResults(status=pb.BAD_REQUEST, lac=-1,
-                                     message=f"bad step {step}: must be 0 or 1 (every entry) up to {MAX_READ_STEP}")
+                await context.write(pb.ReadResults(
+                    status=pb.BAD_REQUEST, lac=-1,
+                    message=f"bad step {step}: must be 0 or 1 (every entry) up to {MAX_READ_STEP}"))
                 return
             m.read_requests.inc()
             lac = bookie.lac(ledger)
             if lac is None:
                 m.read_errors.labels("NO_LEDGER").inc()
-                yield pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1)
+                await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1))
+                return
+            await self._stream_entries(context, ledger, first, last, step, lac)
+        except (BookieStorageError, OSError) as exc:
+            log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc)
+            await context.write(pb.ReadResults(status=pb.IO_ERROR, message=str(exc), lac=-1))
+
+    async def _stream_entries(self, context, ledger: int, first: int, last: int, step: int, lac: int) -> None:
+        bookie, buffer = self.bookie, self.read_buffer
+        m = bookie.metrics
+        eid = first
+        while True:
+            if not await buffer.reserve(READ_BATCH_BYTES):
+                m.read_errors.labels("TOO_MANY_REQUESTS").inc()
+                await buffer.send(context, pb.ReadResults(
+                    status=pb.TOO_MANY_REQUESTS, lac=-1, message=f"read buffer full ({buffer.limit} bytes of "
+                    f"answers waiting for their clients, max_read_buffer_bytes): retry later"), 0)
                 return
             out = pb.ReadResults(status=pb.OK, lac=lac)
             size = count = 0
-            eid = first
-            while eid <= last:
-                chunk = await bookie.read_chunk(ledger, eid, last, READ_BATCH_BYTES - size,
-                                                READ_BATCH_ENTRIES - count, step)
-                if not chunk:
-                    m.read_errors.labels("NO_ENTRY").inc()
-                    out.status = pb.NO_ENTRY
-                    out.missing_entry = eid
-                    out.message = f"entry {ledger}:{eid} is not stored on this bookie"
-                    break
-                add = out.entries.add
-                for e, body in chunk:
-                    add(entry_id=e, body=body)
-                    size += len(body)
-                count += len(chunk)
-                eid += len(chunk) * step
-                if size >= READ_BATCH_BYTES or count >= READ_BATCH_ENTRIES:
-                    m.reads.inc(count)
-                    m.read_bytes.inc(size)
-                    yield out
-                    out = pb.ReadResults(status=pb.OK, lac=bookie.lac(ledger))
-                    size = count = 0
-            if count or out.status != pb.OK or eid == first:
-                m.reads.inc(count)
-                m.read_bytes.inc(size)
-                yield out
-        except (BookieStorageError, OSError) as exc:
-            log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc)
-            yield pb.ReadResults(status=pb.IO_ERROR, message=str(exc), lac=-1)
+            try:
+                while eid <= last and size < READ_BATCH_BYTES and count < READ_BATCH_ENTRIES:
+                    chunk = await bookie.read_chunk(ledger, eid, last, READ_BATCH_BYTES - size,
+                                                    READ_BATCH_ENTRIES - count, step)
+                    if not chunk:
+                        m.read_errors.labels("NO_ENTRY").inc()
+                        out.status = pb.NO_ENTRY
+                        out.missing_entry = eid
+                        out.message = f"entry {ledger}:{eid} is not stored on this bookie"
+                        break
+                    add = out.entries.add
+                    for e, body in chunk:
+                        add(entry_id=e, body=body)
+                        size += len(body)
+                    count += len(chunk)
+                    eid += len(chunk) * step
+            except BaseException:
+                buffer.release(READ_BATCH_BYTES)
+                raise
+            m.reads.inc(count)
+            m.read_bytes.inc(size)
+            await buffer.send(context, out, READ_BATCH_BYTES)
+            if out.status != pb.OK or eid > last:
+                return
+            lac = bookie.lac(ledger)
 
     async def ReadLac(self, request, context):
         lac = self.bookie.lac(request.ledger_id)
@@ -178,10 +330,10 @@ class BookieService(rpc.BookieServicer):
 
     async def WriteLac(self, request, context):
         try:
-            status = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
+            status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:
             return pb.WriteLacResponse(status=pb.IO_ERROR, message=str(exc))
-        return pb.WriteLacResponse(status=status, message="" if status == pb.OK else _why(status, request.ledger_id))
+        return pb.WriteLacResponse(status=status, message=why)
 
     async def Info(self, request, context):
         free, total = self.bookie.disk_space()
@@ -238,18 +390,30 @@ class Undecodable:
         self.message = f"undecodable {method} request: {reason}"
 
 
-def _lenient(method: str, message_type):
+def _lenient(method: str, message_type, sized: bool = False):
+    """A deserializer that answers Undecodable instead of raising; with sized, it gives
+    (message, its size on the wire)."""
     def deserialize(data: bytes):
         try:
-            return message_type.FromString(data)
+            message = message_type.FromString(data)
         except DecodeError as exc:
             return Undecodable(method, str(exc))
+        return (message, len(data)) if sized else message
     return deserialize
 
 
-def _checked(name: str, behavior, client_streaming: bool, server_streaming: bool):
+def _over_cap(held: int, nbytes: int, cap: int, where: str, option: str) -> str:
+    """Why a batch of nbytes may not join `held` bytes in flight (or "" if it may): beyond the
+    cap, unless nothing is held (a single batch always passes)."""
+    if held and held + nbytes > cap:
+        return f"{held} bytes of adds in flight {where}, cap {cap} ({option}): resend later"
+    return ""
+
+
+def _checked(name: str, behavior, client_streaming: bool):
     """Wrap one servicer method so that an Undecodable request ends the call with INVALID_ARGUMENT.
-    On the Add stream the good batches before it are still answered."""
+    On the Add stream the good batches before it are still answered. Server-streaming methods
+    write their answers with context.write, so they wrap like unary ones."""
     if client_streaming:
         async def add(request_iterator, context):
             bad: list[Undecodable] = []
@@ -265,13 +429,6 @@ def _checked(name: str, behavior, client_streaming: bool, server_streaming: bool
                 log.warning("%s from %s: %s", name, context.peer(), bad[0].message)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0].message)
         return add
-    if server_streaming:
-        async def stream(request, context):
-            if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            async for response in behavior(request, context):
-                yield response
-        return stream
     async def unary(request, context):
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
@@ -287,15 +444,18 @@ def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
         make = {(True, True): grpc.stream_stream_rpc_method_handler,
                 (False, True): grpc.unary_stream_rpc_method_handler,
                 (False, False): grpc.unary_unary_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming, m.server_streaming),
-                                request_deserializer=_lenient(m.name, request_type),
+        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming),
+                                request_deserializer=_lenient(m.name, request_type, m.client_streaming),
                                 response_serializer=response_type.SerializeToString)
     return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
 
 
 def make_server(service: BookieService, address: str) -> grpc.aio.Server:
-    """A grpc.aio server with the service bound to address (host:port)."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    """A grpc.aio server with the service bound to address (host:port). A message bigger than
+    the service's max_message_size ends its call with RESOURCE_EXHAUSTED."""
+    size = service.limits.max_message_size
+    server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", size),
+                                      ("grpc.max_send_message_length", size)])
     server.add_generic_rpc_handlers((_method_handlers(service),))
     try:
         bound = server.add_insecure_port(address)

@@ -1,15 +1,19 @@
-"""One etcd lease per process, kept alive by one long-lived keepalive stream.
+"""One etcd lease per process, kept alive from a thread of its own.
 
-The lease is granted on first use (clients that never register anything pay nothing). When
-keepalives fail for longer than the lease's TTL the session declares the lease lost: it sets
-`lost`, tells the on-lost callbacks (locks, leaderships), and as soon as etcd answers again
-revokes the old lease (so nothing stays registered under it), grants a new one, clears `lost`
-and runs the on-new-lease callbacks (the registry re-registers the bookie there).
+The lease is granted on first use (clients that never register anything pay nothing). A
+LeaseKeeper thread renews it every TTL/3 over its own (synchronous) gRPC channel, so an event
+loop busy with long work never lets the lease expire; the loop only reads how long the lease is
+known to live. When keepalives fail for longer than the lease's TTL the session declares the
+lease lost: it sets `lost`, tells the on-lost callbacks (locks, leaderships), and as soon as
+etcd answers again revokes the old lease (so nothing stays registered under it), grants a new
+one, clears `lost` and runs the on-new-lease callbacks (the registry re-registers the bookie
+there).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import Awaitable, Callable
 
@@ -17,12 +21,66 @@ import grpc
 from aetcd import rpc
 
 from .errors import MetadataError, MetadataUnavailableError, SessionClosedError
-from .etcd import Etcd
+from .etcd import CHANNEL_OPTIONS, Etcd, grpc_target
 
 log = logging.getLogger(__name__)
 
 NewLeaseCallback = Callable[[int], Awaitable[None]]
 LostCallback = Callable[[int], None]
+
+
+CHECK_SECONDS = 0.1  # how often the event loop looks at the keeper's news
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews one lease at a time (`lease`, set by the event loop) every TTL/3 with one-shot
+    keepalive calls on a channel of its own. `status` is (lease, monotonic expiry, alive):
+    replaced whole, so the loop reads it without a lock; alive is False once etcd says the
+    lease is gone."""
+
+    def __init__(self, etcd: Etcd, ttl: int):
+        super().__init__(name="pybk-lease-keeper", daemon=True)
+        self.ttl = ttl
+        self.timeout = max(0.2, min(etcd.timeout, ttl / 2))
+        self.lease: int | None = None
+        self.status: tuple[int | None, float, bool] = (None, 0.0, True)
+        self._channel = grpc.insecure_channel(grpc_target(etcd.uri.endpoints), options=CHANNEL_OPTIONS)
+        self._stub = rpc.LeaseStub(self._channel)
+        self._stopping = threading.Event()
+
+    def track(self, lease: int, expires: float) -> None:
+        """Keep `lease` alive from now on; it is known to live until `expires` (monotonic)."""
+        self.status = (lease, expires, True)
+        self.lease = lease
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            lease = self.lease
+            renewed = lease is None or self._renew(lease)
+            self._stopping.wait(max(0.1, self.ttl / 3) if renewed else 0.1)
+
+    def _renew(self, lease: int) -> bool:
+        """One keepalive; False if etcd did not answer (the caller retries soon)."""
+        sent = time.monotonic()
+        try:
+            answers = self._stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=self.timeout,
+                                                wait_for_ready=True)
+            resp = next(answers)
+            answers.cancel()
+        except (grpc.RpcError, StopIteration) as exc:
+            log.debug("keepalive of lease %x: %r", lease, exc)
+            return False
+        current, expires, _ = self.status
+        if current == lease:
+            self.status = (lease, max(expires, sent + resp.TTL), True) if resp.TTL > 0 else (lease, expires, False)
+        return True
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.lease = None
+        if self.is_alive():
+            self.join(self.timeout + 1)
+        self._channel.close()
 
 
 class Session:
@@ -42,6 +100,7 @@ class Session:
         self._callbacks: asyncio.Task | None = None
         self._on_new: list[NewLeaseCallback] = []
         self._on_lost: list[LostCallback] = []
+        self._keeper: LeaseKeeper | None = None
 
     @property
     def current(self) -> int | None:
@@ -99,6 +158,8 @@ class Session:
                 pass
             except Exception as exc:
                 log.warning("session task ended with %r", exc)
+        if self._keeper is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._keeper.stop)
         lease, self._lease = self._lease, None
         self._ready.set()
         if lease is not None:
@@ -118,6 +179,8 @@ class Session:
     def _declare_lost(self) -> None:
         lease, self._lease = self._lease, None
         self._ready.clear()
+        if self._keeper is not None:
+            self._keeper.lease = None
         if lease is None:
             return
         log.warning("metadata session lease %x lost (no keepalive answer within its %ds TTL)", lease, self.ttl)
@@ -133,6 +196,10 @@ class Session:
         resp = await self.etcd.grant(self.ttl)
         self._lease = resp.ID
         self._expires = sent + resp.TTL
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(self.etcd, self.ttl)
+            self._keeper.start()
+        self._keeper.track(resp.ID, self._expires)
         self.generation += 1
         self.lost.clear()
         self._ready.set()
@@ -152,42 +219,23 @@ class Session:
                 log.warning("on-new-lease callback failed (%s); retrying", exc)
                 await asyncio.sleep(1.0)
 
-    async def _keepalive(self, stream):
-        await stream.write(rpc.LeaseKeepAliveRequest(ID=self._lease))
-        return await stream.read()
-
     async def _run(self) -> None:
-        stream = None
+        """Grant a lease when there is none; declare it lost once the keeper has not renewed it
+        within its TTL or etcd says it is gone."""
         while not self._closed:
             try:
                 if self._lease is None:
                     await self._grant()
-                if stream is None:
-                    stream = self.etcd.lease.LeaseKeepAlive(wait_for_ready=True)
-                sent = time.monotonic()
-                wait = max(0.1, min(self.etcd.timeout, self._expires - sent))
-                resp = await asyncio.wait_for(self._keepalive(stream), wait)
-                if resp is grpc.aio.EOF:
-                    raise ConnectionError("keepalive stream ended")
-                if resp.TTL <= 0:
+                lease, expires, alive = self._keeper.status
+                if lease == self._lease and (not alive or time.monotonic() >= expires):
                     self._declare_lost()
                     continue
-                self._expires = sent + resp.TTL
-                await asyncio.sleep(max(0.2, self.ttl / 3))
+                await asyncio.sleep(CHECK_SECONDS)
             except asyncio.CancelledError:
-                if stream is not None:
-                    stream.cancel()
                 raise
             except Exception as exc:
-                expected = (grpc.aio.AioRpcError, MetadataError, ConnectionError, asyncio.TimeoutError,
-                            asyncio.InvalidStateError, grpc.aio.UsageError)
-                if isinstance(exc, expected):
-                    log.debug("keepalive: %r", exc)
+                if isinstance(exc, (grpc.aio.AioRpcError, MetadataError, ConnectionError, asyncio.TimeoutError)):
+                    log.debug("lease grant: %r", exc)
                 else:
-                    log.exception("keepalive task error")
-                if stream is not None:
-                    stream.cancel()
-                    stream = None
-                if self._lease is not None and time.monotonic() >= self._expires:
-                    self._declare_lost()
+                    log.exception("session task error")
                 await asyncio.sleep(0.2)
