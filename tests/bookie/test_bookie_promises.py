@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 
 import grpc
 import pytest
@@ -14,6 +13,7 @@ from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.bookie.journal import journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
 from pybk.proto import pb
+from polling import eventually
 
 KEY = entry.master_key(b"secret")
 TTL = 2  # registration lease, so a restart after kill -9 re-registers quickly
@@ -22,19 +22,6 @@ TTL = 2  # registration lease, so a restart after kill -9 re-registers quickly
 def body(ledger: int, eid: int, lac: int = -1, size: int = 200) -> bytes:
     rnd = random.Random(ledger * 1_000_003 + eid)
     return entry.encode(ledger, eid, lac, rnd.randbytes(size))
-
-
-async def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 async def read_all(client: BookieClient, expected: dict[tuple[int, int], bytes]) -> None:
     for (ledger, eid), b in sorted(expected.items()):
@@ -72,7 +59,7 @@ async def test_acked_adds_survive_kill_9_mid_stream(bookies):
                 return
 
     tasks = [asyncio.ensure_future(writer(lg)) for lg in ledgers]
-    await wait_for(lambda: len(acked) >= 4000, what="4000 acks")
+    await eventually(lambda: len(acked) >= 4000, what="4000 acks")
     await asyncio.to_thread(bk.kill)
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     await client.close()
@@ -222,20 +209,20 @@ async def test_read_only_past_high_water_mark_and_writable_below_low(bookies, me
             await c.add(51, 0, body(51, 0), master_key=KEY)
             filler = bk.ledger_dirs[0] / "filler"
             filler.write_bytes(os.urandom(5 * 1024 * 1024))
-            await wait_for(lambda: bk.http_json("/api/v1/bookie/state")["readOnly"], what="read-only")
+            await eventually(lambda: bk.http_json("/api/v1/bookie/state")["readOnly"], what="read-only")
             with pytest.raises(BookieError) as err:
                 await c.add(51, 1, body(51, 1, 0), master_key=KEY)
             assert err.value.code is Status.READ_ONLY
             assert await c.read(51, 0) == body(51, 0)
-            await wait_for(lambda: _registered(store, bk.bookie_id, "readonly"), what="readonly/ registration")
+            await eventually(lambda: _registered(store, bk.bookie_id, "readonly"), what="readonly/ registration")
             assert (await c.info())["read_only"]
             filler.unlink()
-            await wait_for(lambda: not bk.http_json("/api/v1/bookie/state")["readOnly"], what="writable")
-            await wait_for(lambda: _registered(store, bk.bookie_id, "writable"), what="writable/ registration")
+            await eventually(lambda: not bk.http_json("/api/v1/bookie/state")["readOnly"], what="writable")
+            await eventually(lambda: _registered(store, bk.bookie_id, "writable"), what="writable/ registration")
             await c.add(51, 1, body(51, 1, 0), master_key=KEY)
             # and by request through the admin API
             assert bk.http_json("/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})["readOnly"]
-            await wait_for(lambda: _registered(store, bk.bookie_id, "readonly"), what="readonly/ registration")
+            await eventually(lambda: _registered(store, bk.bookie_id, "readonly"), what="readonly/ registration")
             with pytest.raises(BookieError) as err:
                 await c.add(51, 2, body(51, 2, 1), master_key=KEY)
             assert err.value.code is Status.READ_ONLY
@@ -283,7 +270,7 @@ async def test_reads_after_checkpoint_come_from_entry_log_also_after_restart(boo
                     and all(seq >= mark.seq for seq, _ in journal_files(bk.journal_dir)))
 
         # the journal rotated, a checkpoint emptied the write cache and deleted the files before its mark
-        await wait_for(checkpointed, what="checkpoint")
+        await eventually(checkpointed, what="checkpoint")
         await read_all(c, expected)
     await asyncio.to_thread(bk.kill)
     mark = read_mark(bk.journal_dir)
@@ -314,7 +301,7 @@ async def test_bookie_serves_through_etcd_outage_and_registers_again(bookies, et
         await asyncio.to_thread(etcd.start)
         store = await MetadataStore.connect(metadata_uri)
         try:
-            await wait_for(lambda: _registered(store, bk.bookie_id, "writable"), what="registration after outage")
+            await eventually(lambda: _registered(store, bk.bookie_id, "writable"), what="registration after outage")
         finally:
             await store.close()
         await c.add(71, 50, body(71, 50, 49), master_key=KEY)

@@ -12,7 +12,6 @@ import random
 import resource
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.bookie.entrylog import EntryLog
 from pybk.bookie.index import LOCATION
+from polling import eventually
 from pybk.bookie.journal import Journal, Mark, RecordType, encode_record, replay
 
 KEY = entry.master_key(b"secret")
@@ -159,19 +159,6 @@ async def _write_until(client: BookieClient, ledgers: list[int], next_eid: dict[
     await asyncio.gather(*(one(lg) for lg in ledgers))
     return refused
 
-
-async def _poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_a_full_disk_loses_no_acknowledged_entry(bookies, small_disk):
     """The disk fills up under a steady load: adds are refused (never half written), the bookie
     turns read-only, becomes writable again by itself once space returns, and every entry it
@@ -186,15 +173,15 @@ async def test_a_full_disk_loses_no_acknowledged_entry(bookies, small_disk):
     try:
         stop = asyncio.Event()
         writer = asyncio.ensure_future(_write_until(client, ledgers, next_eid, acked, stop))
-        await _poll(lambda: len(acked) >= 300, 60, "300 acks before the disk fills")
+        await eventually(lambda: len(acked) >= 300, 60, what="300 acks before the disk fills")
         await asyncio.to_thread(fill, small_disk / "ballast", 64 * 1024)  # faster than a disk check
         count_full = len(acked)
-        await _poll(lambda: bk.http_json("/api/v1/bookie/state").get("readOnly"), 30, "read-only")
+        await eventually(lambda: bk.http_json("/api/v1/bookie/state").get("readOnly"), 30, what="read-only")
         await asyncio.sleep(1.0)  # adds go on hitting the full disk for a while
         (small_disk / "ballast").unlink()
-        await _poll(lambda: not bk.http_json("/api/v1/bookie/state").get("readOnly"), 30,
-                    "writable again once space returned")
-        await _poll(lambda: len(acked) >= count_full + 300, 60, "300 more acks after space returned")
+        await eventually(lambda: not bk.http_json("/api/v1/bookie/state").get("readOnly"), 30,
+                         what="writable again once space returned")
+        await eventually(lambda: len(acked) >= count_full + 300, 60, what="300 more acks after space returned")
         stop.set()
         refused = await asyncio.wait_for(writer, 60)
         assert refused, "the full disk refused no add"

@@ -1,27 +1,13 @@
 """Checks shared by the autorecovery tests (imported by name: tests/ has no packages)."""
 from __future__ import annotations
 
-import asyncio
-import time
-
 from pybk import entry
 from pybk.bookie.client import BookieClient
 from pybk.ledger import entry_ranges
 
+from polling import eventually  # noqa: F401 - the recovery tests import it from here
+
 PASSWORD = b"recovery-test-pw"
-
-
-async def eventually(check, timeout: float = 120.0, interval: float = 0.3, what: str = "condition"):
-    """Poll an async check until it returns a truthy value; fail with `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
 
 async def held_by_bookie(addresses: dict[str, str], ledger_ids) -> dict[str, dict[int, set[int]]]:
     """bookie id -> ledger id -> entry ids it holds (ListEntries), for live bookies."""
