@@ -278,7 +278,7 @@ class Bookie:
         cache = self.cache
         unpack = HEADER.unpack_from
         max_size = self.opts.max_entry_size
-        changed: set[int] | None = None
+        changed: set[int] = set()  # ledgers whose LAC rose while long-polls wait on them
         nbytes = 0
         count = 0
         jbytes = 0  # journal bytes beyond the ADD records
@@ -305,12 +305,8 @@ class Bookie:
                 errors.append((i, _BAD, f"entry {ledger}:{eid} carries LAC {hlac}: a LAC must be below its entry id"))
                 continue
             if ledger != last_ledger:
-                if st is not None and cur_lac > st.lac:
-                    st.lac = cur_lac
-                    st.dirty = True
-                    if last_ledger in self._lac_waiters:
-                        changed = changed or set()
-                        changed.add(last_ledger)
+                if st is not None:
+                    self._raise_lac(st, cur_lac, last_ledger, changed)
                 key = e.master_key
                 st = ledgers.get(ledger)
                 if st is None:
@@ -356,15 +352,10 @@ class Bookie:
                 records += encode_records(_ADD, ledger, bodies)
                 nbytes += cache.put_many(ledger, bodies)
                 count += len(bodies)
-        if st is not None and cur_lac > st.lac:
-            st.lac = cur_lac
-            st.dirty = True
-            if last_ledger in self._lac_waiters:
-                changed = changed or set()
-                changed.add(last_ledger)
-        if changed:
-            for ledger in changed:
-                self._wake_lac(ledger)
+        if st is not None:
+            self._raise_lac(st, cur_lac, last_ledger, changed)
+        for ledger in changed:
+            self._wake_lac(ledger)
         if not records:
             return errors, None
         m = self.metrics
@@ -373,6 +364,14 @@ class Bookie:
         if cache.bytes >= self.opts.checkpoint_bytes:
             self.request_checkpoint()
         return errors, self.journal.append(records, jbytes + nbytes + count * RECORD_HEADER)
+
+    def _raise_lac(self, st: LedgerState, lac: int, ledger: int, changed: set[int]) -> None:
+        """Keep the highest LAC a ledger's adds carried; note the ledger when long-polls wait on it."""
+        if lac > st.lac:
+            st.lac = lac
+            st.dirty = True
+            if ledger in self._lac_waiters:
+                changed.add(ledger)
 
     def backlog_bytes(self) -> int:
         """Bytes held in memory for adds: write cache, checkpoint in flight, journal queue."""

@@ -12,6 +12,34 @@ from pybk.local.process import ChildProcess
 HERE = Path(__file__).parent
 
 
+async def pipelined(lh, n: int, window: int = 64, start: int = 0, on_ack=None, before_add=None,
+                    errors: list | None = None) -> list[int]:
+    """Add payload(lid, i) for i in start..start+n-1 with `window` adds in flight; returns the acked
+    ids. `before_add(i)` runs before each add (to inject a fault); failed adds land in `errors`."""
+    sem = asyncio.Semaphore(window)
+    acked: list[int] = []
+
+    def done(fut):
+        sem.release()
+        if not fut.cancelled() and fut.exception() is None:
+            acked.append(fut.result())
+            if on_ack:
+                on_ack(fut.result())
+
+    futs = []
+    for i in range(start, start + n):
+        await sem.acquire()
+        if before_add:
+            before_add(i)
+        f = lh.add_entry_async(payload(lh.ledger_id, i))
+        f.add_done_callback(done)
+        futs.append(f)
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    if errors is not None:
+        errors.extend(r for r in results if isinstance(r, BaseException))
+    return acked
+
+
 def payload(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
     """The deterministic payload of an entry, so any reader can tell a right entry from a wrong one."""
     head = b"L%d-E%d|" % (ledger_id, entry_id)

@@ -5,11 +5,10 @@ After recovery every acked entry is present, once, in order, with its exact payl
 end every ledger of every round is read again."""
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 
-from client_helpers import ChildWriter, expected, payload, read_all
+from client_helpers import ChildWriter, expected, pipelined, read_all
 
 from pybk.client import BookKeeper
 from pybk.meta import LedgerState
@@ -22,24 +21,13 @@ CONFIGS = [(3, 3, 2), (3, 3, 2), (4, 3, 2), (5, 3, 2), (4, 2, 2)]
 async def _writer_round(bk, rng, kill_one, n: int, window: int, force_kill: bool, cfg):
     lh = await bk.create_ledger(*cfg, password=b"pw")
     kill_at = rng.randrange(n) if force_kill or rng.random() < 0.6 else -1
-    sem = asyncio.Semaphore(window)
-    acked: list[int] = []
+    errors: list = []
 
-    def done(fut):
-        sem.release()
-        if not fut.cancelled() and fut.exception() is None:
-            acked.append(fut.result())
-
-    futs = []
-    for i in range(n):
-        await sem.acquire()
+    def fault(i: int) -> None:
         if i == kill_at:
             kill_one(lh.metadata.current_ensemble)
-        f = lh.add_entry_async(payload(lh.ledger_id, i))
-        f.add_done_callback(done)
-        futs.append(f)
-    results = await asyncio.gather(*futs, return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
+
+    acked = await pipelined(lh, n, window, before_add=fault, errors=errors)
     assert not errors, f"adds failed with at most Qa-1 bookies down: {errors[:3]}"
     await lh.close()
     return lh.ledger_id, acked

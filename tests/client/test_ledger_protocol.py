@@ -5,33 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, read_all
+from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, pipelined, read_all
 
 from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
 from pybk.ledger import write_set
 from pybk.meta import LedgerState
-
-
-async def _pipelined(lh, n: int, window: int = 64, start: int = 0, on_ack=None) -> list[int]:
-    """Add payload(lid, i) for i in start..start+n-1 with `window` adds in flight; returns acked ids."""
-    sem = asyncio.Semaphore(window)
-    acked: list[int] = []
-
-    def done(fut):
-        sem.release()
-        if not fut.cancelled() and fut.exception() is None:
-            acked.append(fut.result())
-            if on_ack:
-                on_ack(fut.result())
-
-    futs = []
-    for i in range(start, start + n):
-        await sem.acquire()
-        f = lh.add_entry_async(payload(lh.ledger_id, i))
-        f.add_done_callback(done)
-        futs.append(f)
-    await asyncio.gather(*futs, return_exceptions=True)
-    return acked
 
 
 async def _holdings(bk, md) -> dict[str, set[int]]:
@@ -46,7 +24,7 @@ async def test_entry_is_stored_on_the_write_quorum_from_index_entry_mod_ensemble
     cluster = cluster_factory(5)
     async with await BookKeeper.connect(cluster.uri) as bk:
         lh = await bk.create_ledger(ensemble=5, write_quorum=3, ack_quorum=3, password=b"pw")
-        await _pipelined(lh, 40)
+        await pipelined(lh, 40)
         await lh.close()
         md = lh.metadata
         ensemble = md.fragments[0].bookies
@@ -71,7 +49,7 @@ async def test_kill_one_bookie_mid_stream_changes_ensemble_and_keeps_every_acked
                 killed.set()
                 cluster.by_id(victim).kill()
 
-        acked = await _pipelined(lh, 1500, window=100, on_ack=on_ack)
+        acked = await pipelined(lh, 1500, window=100, on_ack=on_ack)
         assert acked == list(range(1500))          # writing went on through the failure
         md = lh.metadata
         assert len(md.fragments) == 2
@@ -199,7 +177,7 @@ async def test_corrupted_replica_is_detected_and_read_from_another(cluster_facto
     cluster = cluster_factory(3)
     async with await BookKeeper.connect(cluster.uri) as bk:
         lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
-        await _pipelined(lh, 30)
+        await pipelined(lh, 30)
         await lh.close()
         victim_id = lh.metadata.fragments[0].bookies[0]     # first replica of entries 0, 3, 6, ...
         victim = cluster.by_id(victim_id)
@@ -288,7 +266,7 @@ async def test_reads_move_to_the_next_replica_on_error_or_when_a_replica_stalls(
     slow = ClientOptions(read_timeout=60.0, speculative_read_delay=0.05)
     async with await BookKeeper.connect(cluster.uri, slow) as bk:
         lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
-        await _pipelined(lh, 30)
+        await pipelined(lh, 30)
         await lh.close()
         ensemble = lh.metadata.fragments[0].bookies
         stalled = cluster.by_id(ensemble[0])
@@ -318,7 +296,7 @@ async def test_a_stalled_bookie_is_replaced_after_the_add_timeout(cluster_factor
             if eid == 100:
                 stalled.signal(signal.SIGSTOP)       # alive, connected, silent
         try:
-            acked = await _pipelined(lh, 400, window=32, on_ack=on_ack)
+            acked = await pipelined(lh, 400, window=32, on_ack=on_ack)
         finally:
             stalled.signal(signal.SIGCONT)
         assert acked == list(range(400))
@@ -337,7 +315,7 @@ async def test_without_a_spare_bookie_writes_go_on_with_ack_quorum_and_close(clu
         def on_ack(eid):
             if eid == 50:
                 cluster.by_id(victim).kill()
-        acked = await _pipelined(lh, 300, window=16, on_ack=on_ack)
+        acked = await pipelined(lh, 300, window=16, on_ack=on_ack)
         assert acked == list(range(300))
         await asyncio.wait_for(lh.close(), 60)
         assert lh.metadata.state is LedgerState.CLOSED and lh.metadata.last_entry_id == 299
