@@ -304,21 +304,19 @@ async def on_create(body, patch, logger, **_: Any) -> None:
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def on_update(body, patch, logger, **_: Any) -> None:
-    """Spec changed (config, image, resources, ...): re-render; the controller rolls bookies."""
+async def on_update(body, patch, logger, old=None, new=None, **_: Any) -> None:
+    """Spec changed (replicas, also via the scale subresource; config, image, resources, ...):
+    one reconcile scales, re-renders, or rolls bookies. The only update handler: a second one
+    (say for spec.replicas) would reconcile the same change twice."""
+    replicas = [((o or {}).get("spec") or {}).get("replicas") for o in (old, new)]
+    if replicas[0] != replicas[1]:
+        logger.info("replicas %s -> %s", *replicas)
     await reconcile(body, patch, logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 async def on_resume(body, patch, logger, **_: Any) -> None:
     """Operator (re)started: continue whatever the cluster is in the middle of."""
-    await reconcile(body, patch, logger)
-
-
-@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.replicas")
-async def on_replicas(old, new, body, patch, logger, **_: Any) -> None:
-    """Scale-up or scale-down requested (also via the scale subresource)."""
-    logger.info("replicas %s -> %s", old, new)
     await reconcile(body, patch, logger)
 
 

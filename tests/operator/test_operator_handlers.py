@@ -136,7 +136,8 @@ async def test_scale_up_patches_statefulset_replicas(operator, metadata_uri, sto
     kube = operator(running(b, 3))
     await register(store, b, range(3))
     patch = kopf.Patch()
-    await handlers.on_replicas(old=3, new=5, body=b, patch=patch, logger=LOG)
+    await handlers.on_update(old={"spec": {"replicas": 3}}, new={"spec": {"replicas": 5}},
+                             body=b, patch=patch, logger=LOG)
     assert kube.verbs("patch", "delete", "apply") == [("patch", "StatefulSet", "bk", {"spec": {"replicas": 5}})]
     assert condition(patch, "Progressing")["reason"] == "ScalingUp"
     assert patch["status"]["writableBookies"] == [render.bookie_id(BookieClusterSpec.from_manifest(b), o)
@@ -153,7 +154,8 @@ async def test_scale_down_drains_then_shrinks_then_deletes_volumes(operator, met
     await store.cookies.create(Cookie("instance", bid3, render.JOURNAL_DIR, (render.LEDGERS_DIR,)))
 
     patch = kopf.Patch()
-    await handlers.on_replicas(old=4, new=3, body=b, patch=patch, logger=LOG)
+    await handlers.on_update(old={"spec": {"replicas": 4}}, new={"spec": {"replicas": 3}},
+                             body=b, patch=patch, logger=LOG)
     rec = await store.decommission.get(bid3)
     assert rec is not None and rec.state in ("requested", "draining")
     assert not kube.verbs("patch", "delete", "apply")  # nothing shrinks before the drain is done
@@ -205,7 +207,8 @@ async def test_refuses_to_scale_below_largest_open_ensemble(operator, metadata_u
     await register(store, b, range(4))
     await store.ledgers.create([render.bookie_id(spec, o) for o in range(4)], 3, 2)
     patch = kopf.Patch()
-    await handlers.on_replicas(old=4, new=3, body=b, patch=patch, logger=LOG)
+    await handlers.on_update(old={"spec": {"replicas": 4}}, new={"spec": {"replicas": 3}},
+                             body=b, patch=patch, logger=LOG)
     assert not kube.verbs("patch", "delete", "apply")
     assert await store.decommission.list() == {}
     deg = condition(patch, "Degraded")
@@ -244,7 +247,8 @@ async def test_unreachable_metadata_blocks_scale_down(operator):
     b = body(dead_uri(), replicas=3)
     kube = operator(running(b, 4))
     patch = kopf.Patch()
-    await handlers.on_replicas(old=4, new=3, body=b, patch=patch, logger=LOG)
+    await handlers.on_update(old={"spec": {"replicas": 4}}, new={"spec": {"replicas": 3}},
+                             body=b, patch=patch, logger=LOG)
     assert not kube.verbs("patch", "delete")
     assert condition(patch, "Degraded")["reason"] == "MetadataUnavailable"
 
@@ -293,7 +297,8 @@ async def test_scale_down_of_a_bookie_that_never_started_needs_no_drain(operator
     b = body(metadata_uri, replicas=3)
     kube = operator(running(b, 4, ready={0, 1, 2}))
     await register(store, b, range(3))  # bookie 3's pod never came up: etcd knows nothing of it
-    await handlers.on_replicas(old=4, new=3, body=b, patch=kopf.Patch(), logger=LOG)
+    await handlers.on_update(old={"spec": {"replicas": 4}}, new={"spec": {"replicas": 3}},
+                             body=b, patch=kopf.Patch(), logger=LOG)
     rec = await store.decommission.get(render.bookie_id(BookieClusterSpec.from_manifest(b), 3))
     assert rec.state == "done" and "nothing to drain" in rec.message
     await handlers.refresh(body=b, patch=kopf.Patch(), logger=LOG)

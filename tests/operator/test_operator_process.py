@@ -1,0 +1,299 @@
+"""The real `pybk operator` process against a Kubernetes API (kmock, see kube_api.py), a real etcd
+and real bookie processes standing in for the StatefulSet's pods.
+
+The test plays the StatefulSet controller and the kubelet (`Kubelet`): when the StatefulSet says
+N replicas it keeps bookies 0..N-1 running under the ids the pods would have, creates their pods
+and volume claims, marks pods ready from each bookie's readiness endpoint, and stops the highest
+ones when it shrinks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_api import NAMESPACE, KubeApiServer
+from polling import eventually
+from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION
+from pybk.local.bookie import BookieProcess
+
+NAME = "demo"
+CLUSTER = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+STS = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{NAME}"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+PVCS = f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims"
+FINALIZER = f"{GROUP}/finalizer"
+TIMEOUT = 60.0
+
+
+class Api:
+    """Plain HTTP calls to the emulator (what kubectl would do)."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def call(self, method: str, path: str, body: dict | None = None,
+             content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": content_type if method == "PATCH"
+                                              else "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, None
+
+    def get(self, path: str) -> dict | None:
+        status, obj = self.call("GET", path)
+        return obj if status == 200 else None
+
+    def items(self, path: str) -> list[dict]:
+        return (self.get(path) or {}).get("items", [])
+
+    def patch(self, path: str, body: dict) -> dict:
+        status, obj = self.call("PATCH", path, body)
+        assert status == 200, f"PATCH {path}: {status}"
+        return obj
+
+    def create(self, path: str, body: dict) -> dict:
+        status, obj = self.call("POST", path, body)
+        assert status in (200, 201), f"POST {path}: {status}"
+        return obj
+
+    def delete(self, path: str) -> int:
+        return self.call("DELETE", path)[0]
+
+    def cluster(self) -> dict | None:
+        return self.get(f"{CLUSTER}/{NAME}")
+
+
+def condition(cluster: dict | None, kind: str) -> dict:
+    for c in ((cluster or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
+class Kubelet:
+    """The StatefulSet controller and kubelet for one BookieCluster's bookies (see module doc)."""
+
+    def __init__(self, api: Api, base: Path, metadata_uri: str):
+        self.api, self.base, self.metadata_uri = api, base, metadata_uri
+        self.bookies: dict[int, BookieProcess] = {}
+        self.error: Exception | None = None
+
+    def bookie_id(self, ordinal: int) -> str:
+        return f"{NAME}-{ordinal}.{NAME}.{NAMESPACE}.svc:3181"
+
+    def _start(self, ordinal: int, template: dict) -> None:
+        meta = template.get("metadata") or {}
+        self.api.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"{NAME}-{ordinal}", "namespace": NAMESPACE, "labels": meta.get("labels") or {},
+            "annotations": meta.get("annotations") or {}}, "spec": {}, "status": {}})
+        for claim in ("journal", "ledgers"):
+            name = f"{claim}-{NAME}-{ordinal}"
+            if self.api.get(f"{PVCS}/{name}") is None:
+                self.api.create(PVCS, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+                    "name": name, "namespace": NAMESPACE, "labels": meta.get("labels") or {}}})
+        proc = self.bookies.get(ordinal) or BookieProcess(
+            self.base / f"bookie-{ordinal}", metadata_uri=self.metadata_uri, bookie_id=self.bookie_id(ordinal))
+        self.bookies[ordinal] = proc
+        proc.start(wait=False)
+
+    def _stop(self, ordinal: int) -> None:
+        self.bookies[ordinal].stop()
+        self.api.delete(f"{PODS}/{NAME}-{ordinal}")
+
+    def step(self) -> None:
+        """One pass: pods for ordinals below the StatefulSet's replicas, none above; readiness."""
+        sts = self.api.get(STS)
+        if sts is None:
+            return
+        replicas = int(sts["spec"].get("replicas") or 0)
+        pods = {p["metadata"]["name"]: p for p in self.api.items(PODS)}
+        for o in range(replicas):
+            pod = pods.get(f"{NAME}-{o}")
+            if pod is None or not self.bookies.get(o) or not self.bookies[o].alive():
+                if pod is not None:
+                    self.api.delete(f"{PODS}/{NAME}-{o}")
+                self._start(o, sts["spec"]["template"])
+                continue
+            try:
+                ready = self.bookies[o].is_ready()
+            except OSError:  # not listening yet
+                ready = False
+            was = [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+            if not was or (was[0]["status"] == "True") != ready:
+                self.api.patch(f"{PODS}/{NAME}-{o}/status", {"status": {"conditions": [
+                    {"type": "Ready", "status": "True" if ready else "False"}]}})
+        for o in sorted(self.bookies, reverse=True):
+            if o >= replicas and self.bookies[o].alive():
+                self._stop(o)
+
+    async def run(self) -> None:
+        """Step until cancelled; the first failure is kept (`error`) and fails the test."""
+        while True:
+            try:
+                await asyncio.to_thread(self.step)
+            except Exception as e:  # noqa: BLE001 - reported by the fixture
+                self.error = self.error or e
+            await asyncio.sleep(0.2)
+
+    def kill_all(self) -> None:
+        for proc in self.bookies.values():
+            proc.kill()
+
+
+class Operator:
+    """The real `pybk operator` process, pointed at the emulator by a kube config."""
+
+    def __init__(self, kubeconfig: Path, log: Path):
+        self.kubeconfig, self.log = kubeconfig, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Operator":
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONPATH=os.getcwd())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pybk.cli", "operator", "--namespace", NAMESPACE,
+             "--liveness", "http://127.0.0.1:0/healthz", "--refresh-interval", "1"],
+            env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def lines(self, text: str) -> list[str]:
+        return [line for line in self.log.read_text().splitlines() if text in line]
+
+
+def manifest(replicas: int, metadata_uri: str, **spec: Any) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "BookieCluster",
+            "metadata": {"name": NAME, "namespace": NAMESPACE},
+            "spec": {"replicas": replicas, "metadataServiceUri": metadata_uri, **spec}}
+
+
+@pytest.fixture
+def kube():
+    server = KubeApiServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def world(kube, tmp_path, metadata_uri):
+    """(api, kubelet, operator): the emulator, the pods' stand-in running, the operator running."""
+    api = Api(kube.url)
+    kubelet = Kubelet(api, tmp_path, metadata_uri)
+    task = asyncio.create_task(kubelet.run())
+    operator = Operator(kube.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log").start()
+    try:
+        yield api, kubelet, operator
+    finally:
+        operator.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        kubelet.kill_all()
+    assert kubelet.error is None, f"the kubelet stand-in failed: {kubelet.error!r}"
+
+
+async def ready(api: Api, replicas: int) -> dict:
+    """The cluster once its status says Ready with `replicas` ready and writable bookies."""
+    def check():
+        c = api.cluster()
+        st = (c or {}).get("status") or {}
+        return c if (condition(c, "Ready").get("status") == "True" and st.get("readyReplicas") == replicas
+                     and len(st.get("writableBookies") or []) == replicas) else None
+    try:
+        return await eventually(check, TIMEOUT, 0.2, f"Ready with {replicas} bookies")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; status: {(api.cluster() or {}).get('status')}") from None
+
+
+async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri))
+    cluster = await ready(api, 3)
+    assert FINALIZER in cluster["metadata"]["finalizers"]
+    assert cluster["status"]["writableBookies"] == sorted(kubelet.bookie_id(o) for o in range(3))
+    uid = cluster["metadata"]["uid"]
+    for path in (STS, f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}",
+                 f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config",
+                 f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{NAME}-bookie",
+                 f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/{NAME}-bookie",
+                 f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings/{NAME}-bookie",
+                 f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{NAME}",
+                 f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-autorecovery"):
+        obj = api.get(path)
+        assert obj is not None, f"{path} was not created"
+        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], path
+    assert api.get(STS)["spec"]["replicas"] == 3
+    assert api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config")["data"][
+        "metadataServiceUri"] == metadata_uri
+
+
+async def test_scale_up_adds_a_bookie(world, metadata_uri):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri))
+    await ready(api, 3)
+    api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 4}})
+    cluster = await ready(api, 4)
+    assert api.get(STS)["spec"]["replicas"] == 4
+    assert kubelet.bookie_id(3) in cluster["status"]["writableBookies"]
+    assert cluster["status"]["replicas"] == 4
+
+
+async def test_replicas_change_reconciles_once(world, metadata_uri):
+    api, _, operator = world
+    api.create(CLUSTER, manifest(3, metadata_uri))
+    await ready(api, 3)
+    before = len(operator.lines("Handler '"))
+    api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 4}})
+    await ready(api, 4)
+    handled = [line for line in operator.lines("Handler '")[before:]
+               if "succeeded" in line and "on_bookie_pod" not in line]
+    assert len(handled) == 1, handled
+
+
+async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
+    api, kubelet, operator = world
+    api.create(CLUSTER, manifest(3, metadata_uri, ledgerDefaults={"ensemble": 3, "writeQuorum": 2,
+                                                                    "ackQuorum": 3}))
+    cluster = await eventually(lambda: (c := api.cluster()) and condition(c, "Degraded").get("status") == "True"
+                               and c, TIMEOUT, 0.2, "Degraded")
+    degraded = condition(cluster, "Degraded")
+    assert degraded["reason"] == "InvalidSpec"
+    assert "ackQuorum" in degraded["message"]
+    assert api.get(STS) is None
+    assert not kubelet.bookies
+    # no spin: between refresh timer runs it reconciles (and logs the error) about once each
+    timers = len(operator.lines("Timer 'refresh' succeeded"))
+    errors = len(operator.lines("is invalid"))
+    await eventually(lambda: len(operator.lines("Timer 'refresh' succeeded")) >= timers + 3, TIMEOUT, 0.2,
+                     "three refresh timer runs")
+    assert len(operator.lines("is invalid")) - errors <= 4
+    assert condition(api.cluster(), "Degraded")["reason"] == "InvalidSpec"
+
+
+async def test_delete_removes_the_finalizer(world, metadata_uri):
+    api, _, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri))
+    await ready(api, 3)
+    assert api.delete(f"{CLUSTER}/{NAME}") == 200
+    await eventually(lambda: api.cluster() is None, TIMEOUT, 0.2, "the BookieCluster gone")
