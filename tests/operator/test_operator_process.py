@@ -23,14 +23,22 @@ import pytest
 from kube_api import NAMESPACE, KubeApiServer
 from polling import eventually
 from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION
+from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
+from pybk.meta import MetadataStore
+from pybk.recovery.process import AutoRecoveryProcess
 
 NAME = "demo"
 CLUSTER = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 STS = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{NAME}"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 PVCS = f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims"
+DEPLOYMENT = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-autorecovery"
 FINALIZER = f"{GROUP}/finalizer"
+PASSWORD = b"operator-test"
+# what the autorecovery Deployment's pod runs, quick enough for a test
+RECOVERY = dict(lost_bookie_delay=1.0, open_ledger_grace=2.0, poll_interval=0.2, audit_interval=0,
+                ledger_password=PASSWORD.decode())
 TIMEOUT = 60.0
 
 
@@ -90,6 +98,7 @@ class Kubelet:
         self.api, self.base, self.metadata_uri = api, base, metadata_uri
         self.bookies: dict[int, BookieProcess] = {}
         self.error: Exception | None = None
+        self.recovery: AutoRecoveryProcess | None = None
 
     def bookie_id(self, ordinal: int) -> str:
         return f"{NAME}-{ordinal}.{NAME}.{NAMESPACE}.svc:3181"
@@ -138,6 +147,9 @@ class Kubelet:
         for o in sorted(self.bookies, reverse=True):
             if o >= replicas and self.bookies[o].alive():
                 self._stop(o)
+        if self.recovery is None and self.api.get(DEPLOYMENT) is not None:
+            self.recovery = AutoRecoveryProcess(self.base / "autorecovery.log", self.metadata_uri, **RECOVERY)
+            self.recovery.start()
 
     async def run(self) -> None:
         """Step until cancelled; the first failure is kept (`error`) and fails the test."""
@@ -149,7 +161,7 @@ class Kubelet:
             await asyncio.sleep(0.2)
 
     def kill_all(self) -> None:
-        for proc in self.bookies.values():
+        for proc in [*self.bookies.values(), *([self.recovery] if self.recovery else [])]:
             proc.kill()
 
 
@@ -269,6 +281,66 @@ async def test_replicas_change_reconciles_once(world, metadata_uri):
     handled = [line for line in operator.lines("Handler '")[before:]
                if "succeeded" in line and "on_bookie_pod" not in line]
     assert len(handled) == 1, handled
+
+
+async def write_ledgers(metadata_uri: str, bookie_id: str) -> dict[int, list[bytes]]:
+    """Closed ledgers (E=3, Qw=3, Qa=2), at least two of them on `bookie_id`; their entries."""
+    written: dict[int, list[bytes]] = {}
+    on_bookie = 0
+    bk = await BookKeeper.connect(metadata_uri)
+    try:
+        while on_bookie < 2:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
+            entries = [f"ledger {lh.ledger_id} entry {i}".encode() for i in range(20)]
+            for e in entries:
+                await lh.add_entry(e)
+            await lh.close()
+            written[lh.ledger_id] = entries
+            on_bookie += bookie_id in lh.metadata.bookies()
+    finally:
+        await bk.close()
+    return written
+
+
+async def test_scale_down_drains_the_last_bookie_first(world, metadata_uri):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(4, metadata_uri, pvcPolicy="Delete"))
+    await ready(api, 4)
+    gone = kubelet.bookie_id(3)
+    written = await write_ledgers(metadata_uri, gone)
+    store = await MetadataStore.connect(metadata_uri)
+    seen: set[str] = set()
+
+    async def drained_before_shrinking():
+        c = api.cluster()
+        decommissioning = condition(c, "Decommissioning")
+        if decommissioning.get("status") == "True":
+            seen.add(decommissioning["reason"])
+        if api.get(STS)["spec"]["replicas"] == 4:
+            return False
+        # the StatefulSet shrank: nothing may reference the bookie any more
+        async for md in store.ledgers.list_metadata():
+            assert gone not in md.bookies(), f"ledger {md.ledger_id} still on {gone} after the shrink"
+        return True
+
+    try:
+        api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
+        await eventually(drained_before_shrinking, TIMEOUT, 0.1, "the StatefulSet to shrink")
+        assert seen, "no Decommissioning condition while draining"
+        cluster = await ready(api, 3)
+        assert gone not in cluster["status"]["writableBookies"]
+        assert condition(cluster, "Decommissioning")["status"] == "False"
+        await eventually(lambda: not [p for p in api.items(PVCS) if p["metadata"]["name"].endswith(f"{NAME}-3")],
+                         TIMEOUT, 0.2, "bookie 3's volume claims deleted (pvcPolicy Delete)")
+        bk = await BookKeeper.connect(metadata_uri)
+        try:
+            for ledger_id, entries in written.items():
+                rh = await bk.open_ledger(ledger_id, password=PASSWORD)
+                assert [e.data async for e in rh.read_entries(0, rh.last_add_confirmed)] == entries
+        finally:
+            await bk.close()
+    finally:
+        await store.close()
 
 
 async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
