@@ -99,6 +99,7 @@ class Kubelet:
         self.bookies: dict[int, BookieProcess] = {}
         self.error: Exception | None = None
         self.recovery: AutoRecoveryProcess | None = None
+        self.recovery_paused = False
 
     def bookie_id(self, ordinal: int) -> str:
         return f"{NAME}-{ordinal}.{NAME}.{NAMESPACE}.svc:3181"
@@ -147,7 +148,7 @@ class Kubelet:
         for o in sorted(self.bookies, reverse=True):
             if o >= replicas and self.bookies[o].alive():
                 self._stop(o)
-        if self.recovery is None and self.api.get(DEPLOYMENT) is not None:
+        if self.recovery is None and not self.recovery_paused and self.api.get(DEPLOYMENT) is not None:
             self.recovery = AutoRecoveryProcess(self.base / "autorecovery.log", self.metadata_uri, **RECOVERY)
             self.recovery.start()
 
@@ -159,6 +160,13 @@ class Kubelet:
             except Exception as e:  # noqa: BLE001 - reported by the fixture
                 self.error = self.error or e
             await asyncio.sleep(0.2)
+
+    def pause_recovery(self, paused: bool) -> None:
+        """Hold autorecovery down (a drain then waits) or let it run again."""
+        self.recovery_paused = paused
+        if paused and self.recovery is not None:
+            self.recovery.kill()
+            self.recovery = None
 
     def kill_all(self) -> None:
         for proc in [*self.bookies.values(), *([self.recovery] if self.recovery else [])]:
@@ -302,45 +310,85 @@ async def write_ledgers(metadata_uri: str, bookie_id: str) -> dict[int, list[byt
     return written
 
 
-async def test_scale_down_drains_the_last_bookie_first(world, metadata_uri):
+async def shrinks_only_when_drained(api: Api, store, gone: str) -> set[str]:
+    """Wait for the StatefulSet to go from 4 to 3, checking at each look that it shrinks only once
+    no ledger references `gone`; the Decommissioning reasons seen meanwhile."""
+    seen: set[str] = set()
+
+    async def shrunk():
+        decommissioning = condition(api.cluster(), "Decommissioning")
+        if decommissioning.get("status") == "True":
+            seen.add(decommissioning["reason"])
+        if api.get(STS)["spec"]["replicas"] == 4:
+            return False
+        async for md in store.ledgers.list_metadata():
+            assert gone not in md.bookies(), f"ledger {md.ledger_id} still on {gone} after the shrink"
+        return True
+
+    await eventually(shrunk, TIMEOUT, 0.1, "the StatefulSet to shrink")
+    return seen
+
+
+async def assert_readable(metadata_uri: str, written: dict[int, list[bytes]]) -> None:
+    bk = await BookKeeper.connect(metadata_uri)
+    try:
+        for ledger_id, entries in written.items():
+            rh = await bk.open_ledger(ledger_id, password=PASSWORD)
+            assert [e.data async for e in rh.read_entries(0, rh.last_add_confirmed)] == entries
+    finally:
+        await bk.close()
+
+
+@pytest.fixture
+async def store(metadata_uri):
+    s = await MetadataStore.connect(metadata_uri)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_scale_down_drains_the_last_bookie_first(world, metadata_uri, store):
     api, kubelet, _ = world
     api.create(CLUSTER, manifest(4, metadata_uri, pvcPolicy="Delete"))
     await ready(api, 4)
     gone = kubelet.bookie_id(3)
     written = await write_ledgers(metadata_uri, gone)
-    store = await MetadataStore.connect(metadata_uri)
-    seen: set[str] = set()
+    api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
+    assert await shrinks_only_when_drained(api, store, gone), "no Decommissioning condition while draining"
+    cluster = await ready(api, 3)
+    assert gone not in cluster["status"]["writableBookies"]
+    assert condition(cluster, "Decommissioning")["status"] == "False"
+    await eventually(lambda: not [p for p in api.items(PVCS) if p["metadata"]["name"].endswith(f"{NAME}-3")],
+                     TIMEOUT, 0.2, "bookie 3's volume claims deleted (pvcPolicy Delete)")
+    await assert_readable(metadata_uri, written)
 
-    async def drained_before_shrinking():
-        c = api.cluster()
-        decommissioning = condition(c, "Decommissioning")
-        if decommissioning.get("status") == "True":
-            seen.add(decommissioning["reason"])
-        if api.get(STS)["spec"]["replicas"] == 4:
-            return False
-        # the StatefulSet shrank: nothing may reference the bookie any more
-        async for md in store.ledgers.list_metadata():
-            assert gone not in md.bookies(), f"ledger {md.ledger_id} still on {gone} after the shrink"
-        return True
 
-    try:
-        api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
-        await eventually(drained_before_shrinking, TIMEOUT, 0.1, "the StatefulSet to shrink")
-        assert seen, "no Decommissioning condition while draining"
-        cluster = await ready(api, 3)
-        assert gone not in cluster["status"]["writableBookies"]
-        assert condition(cluster, "Decommissioning")["status"] == "False"
-        await eventually(lambda: not [p for p in api.items(PVCS) if p["metadata"]["name"].endswith(f"{NAME}-3")],
-                         TIMEOUT, 0.2, "bookie 3's volume claims deleted (pvcPolicy Delete)")
-        bk = await BookKeeper.connect(metadata_uri)
-        try:
-            for ledger_id, entries in written.items():
-                rh = await bk.open_ledger(ledger_id, password=PASSWORD)
-                assert [e.data async for e in rh.read_entries(0, rh.last_add_confirmed)] == entries
-        finally:
-            await bk.close()
-    finally:
-        await store.close()
+async def test_operator_killed_mid_drain_resumes_it(world, metadata_uri, store):
+    api, kubelet, operator = world
+    api.create(CLUSTER, manifest(4, metadata_uri))
+    await ready(api, 4)
+    gone = kubelet.bookie_id(3)
+    written = await write_ledgers(metadata_uri, gone)
+    kubelet.pause_recovery(True)  # the drain is requested but cannot finish yet
+    api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
+    record = await eventually(lambda: store.decommission.get(gone), TIMEOUT, 0.1, "the drain request")
+    await eventually(lambda: condition(api.cluster(), "Decommissioning").get("status") == "True",
+                     TIMEOUT, 0.1, "the Decommissioning condition")
+    operator.proc.kill()
+    operator.proc.wait()
+    resumed = len(operator.lines("Handler 'on_resume' succeeded"))
+    operator.start()
+    await eventually(lambda: len(operator.lines("Handler 'on_resume' succeeded")) > resumed, TIMEOUT, 0.2,
+                     "the restarted operator to resume")
+    again = await store.decommission.get(gone)
+    assert again.requested_ms == record.requested_ms, "the restarted operator requested the drain again"
+    assert api.get(STS)["spec"]["replicas"] == 4
+    kubelet.pause_recovery(False)
+    await shrinks_only_when_drained(api, store, gone)
+    assert len(operator.lines(f"StartDecommission(bookie_id='{gone}'")) == 1, "decommissioned twice"
+    await ready(api, 3)
+    await assert_readable(metadata_uri, written)
 
 
 async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
