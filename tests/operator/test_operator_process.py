@@ -22,6 +22,7 @@ import pytest
 
 from kube_api import NAMESPACE, KubeApiServer
 from polling import eventually
+from pybk.cluster.controller import BELOW_ENSEMBLE, INVALID_SPEC
 from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION
 from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
@@ -100,6 +101,7 @@ class Kubelet:
         self.error: Exception | None = None
         self.recovery: AutoRecoveryProcess | None = None
         self.recovery_paused = False
+        self.restarts: list[tuple[int, bool]] = []  # (ordinal, were all other pods ready then)
 
     def bookie_id(self, ordinal: int) -> str:
         return f"{NAME}-{ordinal}.{NAME}.{NAMESPACE}.svc:3181"
@@ -119,6 +121,11 @@ class Kubelet:
         self.bookies[ordinal] = proc
         proc.start(wait=False)
 
+    @staticmethod
+    def _ready(pod: dict) -> bool:
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in (pod.get("status") or {}).get("conditions") or [])
+
     def _stop(self, ordinal: int) -> None:
         self.bookies[ordinal].stop()
         self.api.delete(f"{PODS}/{NAME}-{ordinal}")
@@ -132,7 +139,12 @@ class Kubelet:
         pods = {p["metadata"]["name"]: p for p in self.api.items(PODS)}
         for o in range(replicas):
             pod = pods.get(f"{NAME}-{o}")
-            if pod is None or not self.bookies.get(o) or not self.bookies[o].alive():
+            proc = self.bookies.get(o)
+            if pod is None and proc is not None and proc.alive():
+                # someone deleted the pod (a restart): note which others were ready, then recreate it
+                self.restarts.append((o, all(self._ready(p) for n, p in pods.items() if n != f"{NAME}-{o}")))
+                proc.stop()
+            if pod is None or proc is None or not proc.alive():
                 if pod is not None:
                     self.api.delete(f"{PODS}/{NAME}-{o}")
                 self._start(o, sts["spec"]["template"])
@@ -142,7 +154,7 @@ class Kubelet:
             except OSError:  # not listening yet
                 ready = False
             was = [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-            if not was or (was[0]["status"] == "True") != ready:
+            if not was or self._ready(pod) != ready:
                 self.api.patch(f"{PODS}/{NAME}-{o}/status", {"status": {"conditions": [
                     {"type": "Ready", "status": "True" if ready else "False"}]}})
         for o in sorted(self.bookies, reverse=True):
@@ -391,6 +403,45 @@ async def test_operator_killed_mid_drain_resumes_it(world, metadata_uri, store):
     await assert_readable(metadata_uri, written)
 
 
+async def test_scale_below_an_open_ensemble_is_refused(world, metadata_uri, store):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(4, metadata_uri))
+    await ready(api, 4)
+    bk = await BookKeeper.connect(metadata_uri)
+    try:
+        lh = await bk.create_ledger(ensemble=4, write_quorum=3, ack_quorum=2, password=PASSWORD)
+        await lh.add_entry(b"open")
+        api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
+        cluster = await eventually(lambda: (c := api.cluster()) and condition(c, "Degraded").get("status") == "True"
+                                   and c, TIMEOUT, 0.2, "Degraded")
+        degraded = condition(cluster, "Degraded")
+        assert degraded["reason"] == BELOW_ENSEMBLE
+        assert "ensemble of 4" in degraded["message"]
+        assert api.get(STS)["spec"]["replicas"] == 4
+        assert await store.decommission.get(kubelet.bookie_id(3)) is None
+        await lh.add_entry(b"still writable")
+    finally:
+        await bk.close()
+
+
+async def test_config_change_restarts_one_ready_bookie_at_a_time(world, metadata_uri):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri))
+    await ready(api, 3)
+    old_hash = api.get(STS)["spec"]["template"]["metadata"]["annotations"]["pybk.io/config-hash"]
+    api.patch(f"{CLUSTER}/{NAME}", {"spec": {"config": {"high-water-mark": "0.95"}}})
+
+    def rolled():
+        pods = api.items(PODS)
+        hashes = {p["metadata"]["annotations"]["pybk.io/config-hash"] for p in pods}
+        return len(pods) == 3 and old_hash not in hashes and all(Kubelet._ready(p) for p in pods)
+
+    await eventually(rolled, TIMEOUT, 0.2, "every bookie restarted with the new config")
+    await ready(api, 3)
+    assert [o for o, _ in kubelet.restarts] == [2, 1, 0]
+    assert all(others_ready for _, others_ready in kubelet.restarts), kubelet.restarts
+
+
 async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
     api, kubelet, operator = world
     api.create(CLUSTER, manifest(3, metadata_uri, ledgerDefaults={"ensemble": 3, "writeQuorum": 2,
@@ -398,7 +449,7 @@ async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
     cluster = await eventually(lambda: (c := api.cluster()) and condition(c, "Degraded").get("status") == "True"
                                and c, TIMEOUT, 0.2, "Degraded")
     degraded = condition(cluster, "Degraded")
-    assert degraded["reason"] == "InvalidSpec"
+    assert degraded["reason"] == INVALID_SPEC
     assert "ackQuorum" in degraded["message"]
     assert api.get(STS) is None
     assert not kubelet.bookies
@@ -408,7 +459,7 @@ async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
     await eventually(lambda: len(operator.lines("Timer 'refresh' succeeded")) >= timers + 3, TIMEOUT, 0.2,
                      "three refresh timer runs")
     assert len(operator.lines("is invalid")) - errors <= 4
-    assert condition(api.cluster(), "Degraded")["reason"] == "InvalidSpec"
+    assert condition(api.cluster(), "Degraded")["reason"] == INVALID_SPEC
 
 
 async def test_delete_removes_the_finalizer(world, metadata_uri):
