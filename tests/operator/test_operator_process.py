@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 
-from kube_api import NAMESPACE, KubeApiServer
+from kube_api import NAMESPACE, RESOURCES, KubeApiServer
 from polling import eventually
 from pybk.cluster.controller import BELOW_ENSEMBLE, INVALID_SPEC
-from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION
+from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION, BookieClusterSpec
 from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
 from pybk.meta import MetadataStore
+from pybk.operator import render
 from pybk.recovery.process import AutoRecoveryProcess
 
 NAME = "demo"
@@ -104,15 +105,15 @@ class Kubelet:
         self.restarts: list[tuple[int, bool]] = []  # (ordinal, were all other pods ready then)
 
     def bookie_id(self, ordinal: int) -> str:
-        return f"{NAME}-{ordinal}.{NAME}.{NAMESPACE}.svc:3181"
+        return render.bookie_id(SPEC, ordinal)
 
     def _start(self, ordinal: int, template: dict) -> None:
         meta = template.get("metadata") or {}
         self.api.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{NAME}-{ordinal}", "namespace": NAMESPACE, "labels": meta.get("labels") or {},
-            "annotations": meta.get("annotations") or {}}, "spec": {}, "status": {}})
-        for claim in ("journal", "ledgers"):
-            name = f"{claim}-{NAME}-{ordinal}"
+            "name": render.pod_name(SPEC, ordinal), "namespace": NAMESPACE,
+            "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}},
+            "spec": {}, "status": {}})
+        for name in render.pvc_names(SPEC, ordinal):
             if self.api.get(f"{PVCS}/{name}") is None:
                 self.api.create(PVCS, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
                     "name": name, "namespace": NAMESPACE, "labels": meta.get("labels") or {}}})
@@ -128,7 +129,7 @@ class Kubelet:
 
     def _stop(self, ordinal: int) -> None:
         self.bookies[ordinal].stop()
-        self.api.delete(f"{PODS}/{NAME}-{ordinal}")
+        self.api.delete(f"{PODS}/{render.pod_name(SPEC, ordinal)}")
 
     def step(self) -> None:
         """One pass: pods for ordinals below the StatefulSet's replicas, none above; readiness."""
@@ -138,24 +139,24 @@ class Kubelet:
         replicas = int(sts["spec"].get("replicas") or 0)
         pods = {p["metadata"]["name"]: p for p in self.api.items(PODS)}
         for o in range(replicas):
-            pod = pods.get(f"{NAME}-{o}")
-            proc = self.bookies.get(o)
+            name = render.pod_name(SPEC, o)
+            pod, proc = pods.get(name), self.bookies.get(o)
             if pod is None and proc is not None and proc.alive():
-                # someone deleted the pod (a restart): note which others were ready, then recreate it
-                self.restarts.append((o, all(self._ready(p) for n, p in pods.items() if n != f"{NAME}-{o}")))
+                # someone deleted the pod (a restart): note whether the others were ready, recreate it
+                self.restarts.append((o, all(self._ready(p) for n, p in pods.items() if n != name)))
                 proc.stop()
             if pod is None or proc is None or not proc.alive():
                 if pod is not None:
-                    self.api.delete(f"{PODS}/{NAME}-{o}")
+                    self.api.delete(f"{PODS}/{name}")
                 self._start(o, sts["spec"]["template"])
                 continue
             try:
-                ready = self.bookies[o].is_ready()
+                ready = proc.is_ready()
             except OSError:  # not listening yet
                 ready = False
-            was = [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-            if not was or self._ready(pod) != ready:
-                self.api.patch(f"{PODS}/{NAME}-{o}/status", {"status": {"conditions": [
+            known = any(c["type"] == "Ready" for c in (pod.get("status") or {}).get("conditions") or [])
+            if not known or self._ready(pod) != ready:
+                self.api.patch(f"{PODS}/{name}/status", {"status": {"conditions": [
                     {"type": "Ready", "status": "True" if ready else "False"}]}})
         for o in sorted(self.bookies, reverse=True):
             if o >= replicas and self.bookies[o].alive():
@@ -219,6 +220,9 @@ def manifest(replicas: int, metadata_uri: str, **spec: Any) -> dict:
             "spec": {"replicas": replicas, "metadataServiceUri": metadata_uri, **spec}}
 
 
+SPEC = BookieClusterSpec.from_manifest(manifest(3, "etcd://unused:2379/pybk"))  # for names only
+
+
 @pytest.fixture
 def kube():
     server = KubeApiServer().start()
@@ -265,16 +269,13 @@ async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri):
     assert FINALIZER in cluster["metadata"]["finalizers"]
     assert cluster["status"]["writableBookies"] == sorted(kubelet.bookie_id(o) for o in range(3))
     uid = cluster["metadata"]["uid"]
-    for path in (STS, f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}",
-                 f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config",
-                 f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{NAME}-bookie",
-                 f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/{NAME}-bookie",
-                 f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings/{NAME}-bookie",
-                 f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{NAME}",
-                 f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-autorecovery"):
-        obj = api.get(path)
-        assert obj is not None, f"{path} was not created"
-        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], path
+    kinds = {(gvp.rsplit("/", 1)[0], kind): gvp for gvp, (kind, _, _) in RESOURCES.items()}
+    for api_version, kind, name in [*render.companions(SPEC), ("apps/v1", "StatefulSet", NAME)]:
+        group_version, plural = kinds[api_version, kind].rsplit("/", 1)
+        root = "/api" if "/" not in group_version else "/apis"
+        obj = api.get(f"{root}/{group_version}/namespaces/{NAMESPACE}/{plural}/{name}")
+        assert obj is not None, f"{kind} {name} was not created"
+        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], f"{kind} {name}"
     assert api.get(STS)["spec"]["replicas"] == 3
     assert api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config")["data"][
         "metadataServiceUri"] == metadata_uri
@@ -324,13 +325,17 @@ async def write_ledgers(metadata_uri: str, bookie_id: str) -> dict[int, list[byt
 
 async def shrinks_only_when_drained(api: Api, store, gone: str) -> set[str]:
     """Wait for the StatefulSet to go from 4 to 3, checking at each look that it shrinks only once
-    no ledger references `gone`; the Decommissioning reasons seen meanwhile."""
+    no ledger references `gone`; the Decommissioning conditions seen meanwhile (reason: message),
+    each about `gone`."""
     seen: set[str] = set()
 
     async def shrunk():
-        decommissioning = condition(api.cluster(), "Decommissioning")
+        cluster = api.cluster()
+        decommissioning = condition(cluster, "Decommissioning")
         if decommissioning.get("status") == "True":
-            seen.add(decommissioning["reason"])
+            progress = cluster["status"].get("decommissioning") or {}
+            assert progress.get("bookie") in (None, gone), progress
+            seen.add(f"{decommissioning['reason']}: {decommissioning['message']}")
         if api.get(STS)["spec"]["replicas"] == 4:
             return False
         async for md in store.ledgers.list_metadata():
@@ -367,7 +372,8 @@ async def test_scale_down_drains_the_last_bookie_first(world, metadata_uri, stor
     gone = kubelet.bookie_id(3)
     written = await write_ledgers(metadata_uri, gone)
     api.patch(f"{CLUSTER}/{NAME}", {"spec": {"replicas": 3}})
-    assert await shrinks_only_when_drained(api, store, gone), "no Decommissioning condition while draining"
+    seen = await shrinks_only_when_drained(api, store, gone)
+    assert seen and all(gone in message for message in seen), seen
     cluster = await ready(api, 3)
     assert gone not in cluster["status"]["writableBookies"]
     assert condition(cluster, "Decommissioning")["status"] == "False"
@@ -428,12 +434,12 @@ async def test_config_change_restarts_one_ready_bookie_at_a_time(world, metadata
     api, kubelet, _ = world
     api.create(CLUSTER, manifest(3, metadata_uri))
     await ready(api, 3)
-    old_hash = api.get(STS)["spec"]["template"]["metadata"]["annotations"]["pybk.io/config-hash"]
+    old_hash = api.get(STS)["spec"]["template"]["metadata"]["annotations"][render.CONFIG_HASH]
     api.patch(f"{CLUSTER}/{NAME}", {"spec": {"config": {"high-water-mark": "0.95"}}})
 
     def rolled():
         pods = api.items(PODS)
-        hashes = {p["metadata"]["annotations"]["pybk.io/config-hash"] for p in pods}
+        hashes = {p["metadata"]["annotations"][render.CONFIG_HASH] for p in pods}
         return len(pods) == 3 and old_hash not in hashes and all(Kubelet._ready(p) for p in pods)
 
     await eventually(rolled, TIMEOUT, 0.2, "every bookie restarted with the new config")
