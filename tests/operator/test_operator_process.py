@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,14 @@ def condition(cluster: dict | None, kind: str) -> dict:
     return {}
 
 
+@dataclass(frozen=True)
+class Restart:
+    """A bookie pod the operator deleted, and what the cluster looked like then."""
+    ordinal: int
+    others_ready: bool
+    under_replicated: int | None
+
+
 class Kubelet:
     """The StatefulSet controller and kubelet for one BookieCluster's bookies (see module doc)."""
 
@@ -102,7 +111,7 @@ class Kubelet:
         self.error: Exception | None = None
         self.recovery: AutoRecoveryProcess | None = None
         self.recovery_paused = False
-        self.restarts: list[tuple[int, bool]] = []  # (ordinal, were all other pods ready then)
+        self.restarts: list[Restart] = []
 
     def bookie_id(self, ordinal: int) -> str:
         return render.bookie_id(SPEC, ordinal)
@@ -142,8 +151,11 @@ class Kubelet:
             name = render.pod_name(SPEC, o)
             pod, proc = pods.get(name), self.bookies.get(o)
             if pod is None and proc is not None and proc.alive():
-                # someone deleted the pod (a restart): note whether the others were ready, recreate it
-                self.restarts.append((o, all(self._ready(p) for n, p in pods.items() if n != name)))
+                # someone deleted the pod (a restart): note whether the others were ready and what the
+                # status said of under-replicated ledgers, then recreate it
+                status = (self.api.get(f"{CLUSTER}/{NAME}") or {}).get("status") or {}
+                self.restarts.append(Restart(o, all(self._ready(p) for n, p in pods.items() if n != name),
+                                             status.get("underReplicatedLedgers")))
                 proc.stop()
             if pod is None or proc is None or not proc.alive():
                 if pod is not None:
@@ -434,6 +446,7 @@ async def test_config_change_restarts_one_ready_bookie_at_a_time(world, metadata
     api, kubelet, _ = world
     api.create(CLUSTER, manifest(3, metadata_uri))
     await ready(api, 3)
+    written = await write_ledgers(metadata_uri, kubelet.bookie_id(2))
     old_hash = api.get(STS)["spec"]["template"]["metadata"]["annotations"][render.CONFIG_HASH]
     api.patch(f"{CLUSTER}/{NAME}", {"spec": {"config": {"high-water-mark": "0.95"}}})
 
@@ -444,8 +457,9 @@ async def test_config_change_restarts_one_ready_bookie_at_a_time(world, metadata
 
     await eventually(rolled, TIMEOUT, 0.2, "every bookie restarted with the new config")
     await ready(api, 3)
-    assert [o for o, _ in kubelet.restarts] == [2, 1, 0]
-    assert all(others_ready for _, others_ready in kubelet.restarts), kubelet.restarts
+    assert [r.ordinal for r in kubelet.restarts] == [2, 1, 0]
+    assert all(r.others_ready and r.under_replicated == 0 for r in kubelet.restarts), kubelet.restarts
+    await assert_readable(metadata_uri, written)
 
 
 async def test_bad_spec_is_degraded_without_spinning(world, metadata_uri):
