@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo proto bench e2e clean
+.PHONY: venv test image-test demo proto bench e2e clean
 
 venv: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+image-test: venv  # root + apt-get: builds the image with podman and runs it (docs/kubernetes.md); else says why, exit 0
+	$(PY) bookie_image/image_test.py
 
 demo: venv
 	$(PY) -m pybk.demo
