@@ -524,7 +524,7 @@ def main() -> int:
             finally:
                 image.close()
                 etcd.stop()
-    except CheckFailed as e:
+    except (CheckFailed, RuntimeError, subprocess.TimeoutExpired) as e:
         log(f"FAILED: {e}")
         return 1
     log("image sizes: " + ", ".join(f"{s} {image_size(image_tag(s)) / 1e6:.0f} MB" for s in stages))
