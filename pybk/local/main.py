@@ -16,7 +16,7 @@ from . import control
 from .control import live_children, pid_alive, running_supervisor
 from .datadir import APPLY_JSON, LOCAL_JSON, MANIFEST, read_local_json
 from .errors import LocalClusterError
-from .etcd import etcd_binary
+from .etcd import EtcdMissing, etcd_binary
 from .manifest import load_spec
 from .platform import LocalCluster
 from .process import ChildProcess
@@ -126,7 +126,7 @@ def _up(args: argparse.Namespace) -> int:
     _refuse_if_running(data_dir)
     try:
         etcd_binary()
-    except FileNotFoundError as e:
+    except EtcdMissing as e:
         raise LocalClusterError(str(e)) from None
     if args.detach:
         return _up_detached(args, data_dir, manifest)
