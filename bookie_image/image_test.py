@@ -47,7 +47,6 @@ CACHE = Path(os.environ.get("PYBK_IMAGE_CACHE", "/var/cache/pybk-image"))
 SUITE = "bookworm"
 NAMESPACE = "default"
 ETCD_HOST = "pybk-etcd"
-CLIENT_IP = "127.0.0.10"
 BOOKIES = 3
 # The machine's pip configuration files that carry its proxy CA (user-level ones point at local paths).
 PIP_CONFIG = [Path("/etc/pip.conf"), Path("/etc/xdg/pip")]
@@ -238,7 +237,7 @@ def image_config(tag: str) -> dict[str, Any]:
 class Pod:
     """One container of one pod, as the kubelet would start it from a rendered manifest."""
     name: str
-    ip: str
+    ip: str  # the pod IP (a loopback address); "" for a one-off command
     argv: list[str]
     env: dict[str, str]
     volumes: dict[str, Path] = field(default_factory=dict)  # mount path -> host dir
@@ -296,14 +295,15 @@ class Image:
     def start(self, pod: Pod) -> Pod:
         argv = self._prepare(pod)
         env = {**self.base_env(pod.name), **pod.env}
-        pod.proc = subprocess.Popen(argv, env=env, stdout=open(pod.log_path, "wb"), stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        with open(pod.log_path, "wb") as log_file:
+            pod.proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         self.pods.append(pod)
         return pod
 
     def exec(self, name: str, argv: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run a one-off command in a fresh pod from the image; its output and exit code, whatever they are."""
-        pod = Pod(name=name, ip=CLIENT_IP, argv=argv, env=env)
+        pod = Pod(name=name, ip="", argv=argv, env=env)
         full = self._prepare(pod)
         return subprocess.run(full, env={**self.base_env(name), **env}, capture_output=True, text=True,
                               timeout=timeout)
