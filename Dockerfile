@@ -8,7 +8,7 @@ COPY pyproject.toml README.md ./
 COPY pybk ./pybk
 RUN python -m build --wheel --outdir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.11-slim AS pybk
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[operator]" && rm -rf /wheels \
@@ -41,3 +41,6 @@ COPY spark_image/entrypoint.sh /usr/local/bin/spark-entrypoint
 WORKDIR /opt/spark/work-dir
 USER 10001:10001
 ENTRYPOINT ["/usr/local/bin/spark-entrypoint"]
+
+# The last stage is what a plain `docker build .` makes: keep that the pybk image above.
+FROM pybk

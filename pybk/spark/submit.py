@@ -180,10 +180,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "Job's service account must be allowed to manage executor pods (chart value "
                     "spark.rbac.create, or examples/spark/rbac.yaml).",
         epilog="example: pybk spark submit demo ledger_stats.py -n default -- --ledgers all -o json")
-    s.add_argument("cluster", help="the BookieCluster's name")
-    s.add_argument("job_file", help=f"job file in the image; a bare name is under {IMAGE_JOBS_DIR} "
+    s.add_argument("cluster", metavar="CLUSTER", help="the BookieCluster's name")
+    s.add_argument("job_file", metavar="JOB_FILE", help=f"job file in the image; a bare name is under {IMAGE_JOBS_DIR} "
                                     "(ledger_stats.py, export_parquet.py)")
-    s.add_argument("job_args", nargs=argparse.REMAINDER,
+    s.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB_ARGS",
                    help="everything after JOB_FILE goes to the job, which gets `-m <metadata URI>` first "
                         "(so give this command's options before CLUSTER)")
     s.add_argument("-n", "--namespace", default="default", help="the BookieCluster's namespace")
