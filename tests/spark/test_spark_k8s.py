@@ -91,6 +91,18 @@ def test_entrypoint_passes_other_commands_through():
     assert out.stdout.splitlines() == ["spark-submit", "--master", MASTER, "job.py"]
 
 
+def test_entrypoint_finds_the_pip_pysparks_spark_submit():
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYBK_SPARK_DRY_RUN": "1",
+           "SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1"}      # no SPARK_HOME, as in the image
+    out = subprocess.run(["bash", str(ENTRYPOINT), "driver", "job.py"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    spark_submit = Path(out.stdout.splitlines()[0])
+    import pyspark
+    assert spark_submit == Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    assert os.access(spark_submit, os.X_OK)
+
+
 def test_pip_pyspark_carries_the_executor_backend_the_entrypoint_starts():
     import pyspark
     jars = list((Path(pyspark.__file__).parent / "jars").glob("spark-kubernetes_*.jar"))
