@@ -179,10 +179,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "ConfigMap (unless --metadata-uri), and create Services and Jobs for --apply. The "
                     "Job's service account must be allowed to manage executor pods (chart value "
                     "spark.rbac.create, or examples/spark/rbac.yaml).",
-        epilog="example: pybk spark submit demo ledger_stats.py -n default -- --ledgers all -o json")
+        epilog="example: pybk spark submit -n default demo ledger_stats.py --ledgers all -o json")
     s.add_argument("cluster", metavar="CLUSTER", help="the BookieCluster's name")
-    s.add_argument("job_file", metavar="JOB_FILE", help=f"job file in the image; a bare name is under {IMAGE_JOBS_DIR} "
-                                    "(ledger_stats.py, export_parquet.py)")
+    s.add_argument("job_file", metavar="JOB_FILE",
+                   help=f"job file in the image; a bare name is under {IMAGE_JOBS_DIR} "
+                        "(ledger_stats.py, export_parquet.py)")
     s.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB_ARGS",
                    help="everything after JOB_FILE goes to the job, which gets `-m <metadata URI>` first "
                         "(so give this command's options before CLUSTER)")
@@ -217,8 +218,9 @@ def _conf(pairs: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.executors < 1:
-            raise SubmitError(f"--executors must be at least 1, got {args.executors}")
+        for flag, value in (("--executors", args.executors), ("--executor-cores", args.executor_cores)):
+            if value < 1:
+                raise SubmitError(f"{flag} must be at least 1, got {value}")
         uri = args.metadata_uri or asyncio.run(_lookup(args.cluster, args.namespace))
         job = SparkJob(cluster=args.cluster, namespace=args.namespace, metadata_uri=uri,
                        job_file=args.job_file, args=_job_args(args.job_args), image=args.image,
@@ -247,9 +249,13 @@ def run(args: argparse.Namespace) -> int:
 def _kube_problem(e: Exception) -> str | None:
     """What went wrong talking to Kubernetes (the user's environment, not a bug), else None."""
     from kubernetes.aio.config.config_exception import ConfigException
+    from kubernetes.aio.dynamic.exceptions import ResourceNotFoundError
     from pybk.operator.kube import KubeError
+    if isinstance(e, ResourceNotFoundError):
+        return f"the cluster does not serve that resource (is the BookieCluster CRD installed?): {e}"
     if isinstance(e, ConfigException):
-        return f"no Kubernetes credentials (not in a pod, and kube config: {e}); pass --metadata-uri to skip the lookup"
+        return (f"no Kubernetes credentials (not in a pod, and kube config: {e}); "
+                "pass --metadata-uri to skip the lookup")
     if isinstance(e, KubeError):
         return f"Kubernetes API: {e}"
     return None

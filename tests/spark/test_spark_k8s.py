@@ -128,7 +128,8 @@ def test_image_jobs_are_the_repositorys_jobs():
 # --- the chart's Spark RBAC -------------------------------------------------------------------
 
 def chart_docs(values: dict) -> list[dict]:
-    helm = pytest.importorskip("helm_python", reason="helm-python-sdk (a Helm renderer from PyPI) is not installed")
+    helm = pytest.importorskip("helm_python",
+                               reason="helm-python-sdk (a Helm renderer from PyPI) is not installed")
     with helm.Chart.load(str(ROOT / "charts" / "pybk")) as chart:
         out = chart.render(values, name="pybk", namespace="team-a")
     return [d for name, text in sorted(out.items()) if name.endswith(".yaml")
