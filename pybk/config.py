@@ -311,6 +311,7 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_SPARK_DRY_RUN": "the Spark image's entrypoint: 1 prints the driver or executor command instead of running it",
     "PYBK_E2E_IMAGE": "the Kubernetes end-to-end tests: the image under test",
     "PYBK_E2E_SPARK_IMAGE": "the Kubernetes end-to-end tests: the Spark image under test",
+    "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
 }
