@@ -5,18 +5,21 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo proto bench e2e clean
+.PHONY: venv test image-test demo proto bench e2e clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev,spark,operator]'
+	$(PIP) install --quiet -e '.[dev,spark,operator,local]'
 	touch $(STAMP)
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+image-test: venv  # root + apt-get: builds the image with podman and runs it (docs/kubernetes.md); else says why, exit 0
+	$(PY) bookie_image/image_test.py
 
 demo: venv
 	$(PY) -m pybk.demo

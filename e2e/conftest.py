@@ -113,6 +113,16 @@ def condition(status: dict, type_: str) -> dict:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
+def ready_with(namespace: str, name: str, replicas: int):
+    """A wait_for predicate: BookieCluster name is Ready with exactly `replicas` writable bookies."""
+    def check():
+        st = cluster_status(namespace, name)
+        ok = (condition(st, "Ready").get("status") == "True" and st.get("readyReplicas") == replicas
+              and st.get("replicas") == replicas and len(st.get("writableBookies") or []) == replicas)
+        return st if ok else None
+    return check
+
+
 def run_job(namespace: str, name: str, script: str, metadata_uri: str, timeout: float = 600) -> str:
     """Run a Python script in the pybk image inside the cluster; return its stdout."""
     job = {"apiVersion": "batch/v1", "kind": "Job",

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from conftest import ROOT, cluster_status, condition, kubectl, run_job, wait_for
+from conftest import ROOT, cluster_status, condition, kubectl, ready_with, run_job, wait_for
 
 NAME = "e2e"
 
@@ -41,34 +41,25 @@ asyncio.run(main())
 """
 
 
-def ready_with(namespace: str, replicas: int):
-    def check():
-        st = cluster_status(namespace, NAME)
-        ok = (condition(st, "Ready").get("status") == "True" and st.get("readyReplicas") == replicas
-              and st.get("replicas") == replicas and len(st.get("writableBookies") or []) == replicas)
-        return st if ok else None
-    return check
-
-
 def test_scale_up_and_down_loses_nothing(namespace, operator):
     doc = yaml.safe_load((ROOT / "examples" / "bookiecluster-minimal.yaml").read_text())
     doc["metadata"] = {"name": NAME, "namespace": namespace}
     doc["spec"].update(metadataServiceUri=operator, replicas=3, pvcPolicy="Delete",
                        storage={"journal": {"size": "256Mi"}, "ledgers": {"size": "512Mi"}})
     kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    wait_for("3 ready bookies", ready_with(namespace, 3))
+    wait_for("3 ready bookies", ready_with(namespace, NAME, 3))
 
     written = json.loads(run_job(namespace, "write", WRITE, operator).strip().splitlines()[-1])
     assert len(written) == 5
 
     kubectl("scale", "bookiecluster", NAME, "-n", namespace, "--replicas=4")
-    wait_for("4 ready bookies", ready_with(namespace, 4))
+    wait_for("4 ready bookies", ready_with(namespace, NAME, 4))
 
     kubectl("scale", "bookiecluster", NAME, "-n", namespace, "--replicas=3")
     wait_for("the decommission of bookie 3 to show", lambda: condition(
         cluster_status(namespace, NAME), "Decommissioning").get("status") == "True" or
         cluster_status(namespace, NAME).get("replicas") == 3, timeout=300, interval=2)
-    st = wait_for("3 ready bookies after the scale-down", ready_with(namespace, 3))
+    st = wait_for("3 ready bookies after the scale-down", ready_with(namespace, NAME, 3))
     assert f"{NAME}-3.{NAME}.{namespace}.svc:3181" not in st["writableBookies"] + st.get("readonlyBookies", [])
     wait_for("bookie 3's volumes deleted (pvcPolicy Delete)", lambda: not kubectl(
         "get", "pvc", "-n", namespace, f"journal-{NAME}-3", f"ledgers-{NAME}-3", "--ignore-not-found", "-o", "name"))

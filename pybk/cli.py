@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("pybk.operator.main", "run the Kubernetes operator for BookieCluster resources"),
     "local": ("pybk.local.main", "run a local cluster (etcd + bookies + autorecovery) as child processes"),
     "shell": ("pybk.shell", "inspect and administer a cluster (list bookies, ledgers, read, ...)"),
+    "spark": ("pybk.spark.submit", "run Spark jobs over a BookieCluster in Kubernetes (spark submit)"),
     "bench": ("pybk.bench", "benchmarks: bookie, meta, write, read, recovery, spark, floor, open-recovery"),
 }
 

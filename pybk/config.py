@@ -308,7 +308,10 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_CRD": "the operator's CRD file (the image sets it for every process)",
     "PYBK_SERVICE": "the bookie image's entrypoint: the headless Service in the bookie id",
     "PYBK_ZONE_WAIT": "the bookie image's entrypoint: seconds to wait for the node's zone",
+    "PYBK_SPARK_DRY_RUN": "the Spark image's entrypoint: 1 prints the driver or executor command instead of running it",
     "PYBK_E2E_IMAGE": "the Kubernetes end-to-end tests: the image under test",
+    "PYBK_E2E_SPARK_IMAGE": "the Kubernetes end-to-end tests: the Spark image under test",
+    "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
 }

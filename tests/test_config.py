@@ -96,6 +96,7 @@ def test_variables_read_elsewhere_are_accepted(process):
 def test_every_pybk_variable_the_code_reads_is_declared():
     declared = {o.variable for p in PROCESSES for o in p.options} | set(ELSEWHERE)
     sources = [*ROOT.glob("pybk/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bookie_image/*"),
+               *ROOT.glob("spark_image/*"),
                ROOT / "Dockerfile", *ROOT.glob("e2e/**/*.py")]
     used = {m for path in sources if path.is_file() and path not in (Path(__file__), Path(config.__file__))
             for m in re.findall(r"PYBK_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text())}

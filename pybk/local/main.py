@@ -16,6 +16,7 @@ from . import control
 from .control import live_children, pid_alive, running_supervisor
 from .datadir import APPLY_JSON, LOCAL_JSON, MANIFEST, read_local_json
 from .errors import LocalClusterError
+from .etcd import EtcdMissing, etcd_binary
 from .manifest import load_spec
 from .platform import LocalCluster
 from .process import ChildProcess
@@ -123,6 +124,10 @@ def _up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     manifest = _manifest_for_up(args, data_dir)
     _refuse_if_running(data_dir)
+    try:
+        etcd_binary()
+    except EtcdMissing as e:
+        raise LocalClusterError(str(e)) from None
     if args.detach:
         return _up_detached(args, data_dir, manifest)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -15,9 +15,18 @@ import ssl
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANNOTATION = "pybk.io/zone"
+
+
+POD_ENV = ("POD_NAME", "POD_NAMESPACE", "KUBERNETES_SERVICE_HOST")
+
+
+def missing_pod_env(env: Mapping[str, str]) -> list[str]:
+    """The variables a pod has (downward API and in-cluster service) that `env` lacks."""
+    return [var for var in POD_ENV if not env.get(var)]
 
 
 def pod_annotations(namespace: str, name: str) -> dict[str, str]:
@@ -36,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the annotation (default 30)")
     args = p.parse_args(argv)
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-    if not name or not namespace or "KUBERNETES_SERVICE_HOST" not in os.environ:
-        print("podzone: not in a Kubernetes pod (POD_NAME/POD_NAMESPACE unset); no zone", file=sys.stderr)
+    missing = missing_pod_env(os.environ)
+    if missing:
+        print(f"podzone: not in a Kubernetes pod ({'/'.join(missing)} unset); no zone", file=sys.stderr)
         print("")
         return 0
     deadline = time.monotonic() + args.wait

@@ -37,3 +37,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "etcd://%s.%s.svc:2379/%s" (include "pybk.etcdName" .) .Release.Namespace .Values.etcd.prefix -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "pybk.sparkServiceAccountName" -}}
+{{- default (printf "%s-spark" (include "pybk.fullname" .)) .Values.spark.serviceAccountName -}}
+{{- end -}}
