@@ -438,7 +438,53 @@ def registered(image: Image, metadata_uri: str) -> dict[str, list[str]]:
     return {state: sorted(b["id"] for b in rows if b["state"] == state) for state in ("writable", "readonly")}
 
 
-def run_cluster(image: Image, etcd_port: int) -> None:
+# A client pod writes these ledgers (entries each); the Spark job must count exactly them.
+SPARK_LEDGER_ENTRIES = (120, 75, 200)
+SPARK_PASSWORD = "image-test"
+WRITE_LEDGERS = """
+import asyncio, json, sys
+from pybk.client import BookKeeper
+
+async def main(uri, counts):
+    written = {}
+    async with await BookKeeper.connect(uri) as bk:
+        for n in counts:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=sys.argv[2].encode())
+            await asyncio.gather(*(lh.add_entry_async(b"entry-%d" % i) for i in range(n)))
+            await lh.close()
+            written[lh.ledger_id] = n
+    print(json.dumps(written))
+
+asyncio.run(main(sys.argv[1], [int(n) for n in sys.argv[3:]]))
+"""
+
+
+def check_spark_job(image: Image, spark: Image, metadata_uri: str) -> None:
+    """spark/ledger_stats.py from the Spark image (spark-submit --master local[2]) counts exactly
+    the entries a client pod wrote."""
+    with check("the Spark image's ledger_stats job counts what was written"):
+        out = image.exec("writer", ["python", "-c", WRITE_LEDGERS, metadata_uri, SPARK_PASSWORD,
+                                    *map(str, SPARK_LEDGER_ENTRIES)], {})
+        if out.returncode != 0:
+            raise CheckFailed(f"writing the ledgers failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+        written = {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+        job = ["sh", "-c", 'cd /tmp && exec /usr/local/bin/spark-entrypoint "$@"', "spark",
+               "spark-submit", "--master", "local[2]", "/opt/pybk/spark/ledger_stats.py",
+               "-m", metadata_uri, "--ledgers", ",".join(map(str, written)), "--password", SPARK_PASSWORD,
+               "-o", "json"]
+        # the pod's IP, as Kubernetes gives a driver pod (this sandbox shares the host's hostname,
+        # which the pod's /etc/hosts does not list)
+        res = spark.exec("spark-driver", job, {"SPARK_LOCAL_IP": "127.0.0.1"}, timeout=600)
+        if res.returncode != 0:
+            raise CheckFailed(f"ledger_stats exited {res.returncode}:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+        rows = json.loads(res.stdout.strip().splitlines()[-1])
+        counted = {r["ledger_id"]: r["entries"] for r in rows}
+        if counted != written:
+            raise CheckFailed(f"ledger_stats counted {counted}, the writer wrote {written}")
+        log(f"  ledger_stats: {counted}")
+
+
+def run_cluster(image: Image, etcd_port: int, spark: Image | None = None) -> None:
     from pybk.cluster.spec import load_manifest
     from pybk.operator import render
 
@@ -466,6 +512,9 @@ def run_cluster(image: Image, etcd_port: int) -> None:
         if result.get("ok") is not True or result.get("entries") != 50:
             raise CheckFailed(f"simpletest did not write and read back 50 entries: {result}")
         log(f"  simpletest: {json.dumps(result)[:300]}")
+
+    if spark is not None:
+        check_spark_job(image, spark, metadata_uri)
 
     auditor_pod = container_pod(render.autorecovery(spec), f"{spec.name}-autorecovery-0", "127.0.0.20", config,
                                 image.work)
@@ -513,16 +562,19 @@ def main() -> int:
             work.chmod(0o755)
             etcd = EtcdProcess(work / "etcd").start()
             bookie_ips = {f"demo-{n}.demo.{NAMESPACE}.svc": f"127.0.0.{11 + n}" for n in range(BOOKIES)}
-            image = Image(image_tag("pybk" if "pybk" in stages else stages[-1]), work,
-                          {**bookie_ips, ETCD_HOST: "127.0.0.1"})
+            hosts = {**bookie_ips, ETCD_HOST: "127.0.0.1"}
+            image = Image(image_tag("pybk" if "pybk" in stages else stages[-1]), work, hosts)
+            spark = Image(image_tag("spark"), work, hosts) if "spark" in stages else None
             try:
                 checks_start = time.monotonic()
                 check_isolation(image)
                 check_examples(image)
-                run_cluster(image, etcd.client_port)
+                run_cluster(image, etcd.client_port, spark)
                 log(f"checks took {time.monotonic() - checks_start:.0f}s")
             finally:
                 image.close()
+                if spark is not None:
+                    spark.close()
                 etcd.stop()
     except (CheckFailed, RuntimeError, subprocess.TimeoutExpired) as e:
         log(f"FAILED: {e}")
