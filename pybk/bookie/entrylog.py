@@ -14,7 +14,6 @@ the entry's own digest, but a copier without a MAC ledger's password cannot).
 """
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import struct
@@ -24,7 +23,7 @@ from typing import Iterator
 import google_crc32c
 
 from .index import KEY, LOCATION
-from .journal import _IOV_MAX, MAX_BODY, fsync_dir
+from .journal import _IOV_MAX, MAX_BODY, fsync_dir, require_room
 
 LOG_RECORD = struct.Struct(">IIQq")
 LOG_HEADER = LOG_RECORD.size  # 24
@@ -34,12 +33,6 @@ _IDS = struct.Struct(">Qq")
 def record_crc(ledger: int, entry: int, body: bytes) -> int:
     """The CRC32C stored with a record: over its ledger and entry ids and its body."""
     return google_crc32c.extend(google_crc32c.value(_IDS.pack(ledger, entry)), body)
-
-
-def free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer may still use on path's file system."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 class EntryLogCorruptError(OSError):
@@ -85,10 +78,7 @@ class EntryLog:
             append(body)
             locate((key_pack(ledger, entry), loc_pack(dir_index, log_id, offset)))
             offset += LOG_HEADER + size
-        need = offset - self._offset
-        free = free_bytes(self.directory)
-        if free < need:
-            raise OSError(errno.ENOSPC, f"{self.directory}: {need} bytes to append, {free} free")
+        require_room(self._fd, offset - self._offset, str(self.directory))
         try:
             for i in range(0, len(parts), _IOV_MAX):
                 chunk = parts[i:i + _IOV_MAX]

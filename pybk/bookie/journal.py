@@ -153,6 +153,15 @@ def encode_records(rtype: int, ledger: int, bodies: dict[int, bytes]) -> list[by
     return parts
 
 
+def require_room(fd: int, need: int, what: str) -> None:
+    """Raise ENOSPC, before anything is written, when fd's file system has no room for `need` more
+    bytes (as an unprivileged writer counts free space)."""
+    st = os.fstatvfs(fd)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{what}: {need} bytes to write, {free} free")
+
+
 def is_space_error(exc: BaseException) -> bool:
     """True for an error that only says the disk (or a quota or size limit) has no room."""
     return isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS
@@ -556,12 +565,12 @@ class Journal:
 
     def _write(self, parts: list[bytes], size: int) -> None:
         """Runs in a worker thread: writev the parts, one fdatasync, rotate when the file is full.
-        Raises ENOSPC before writing anything when the file system has no room for the group."""
-        st = os.fstatvfs(self._fd)
-        if st.f_bavail * st.f_frsize < size:
-            raise OSError(errno.ENOSPC, f"journal {self.directory}: {size} bytes to write, "
-                                        f"{st.f_bavail * st.f_frsize} free")
-        if self.prealloc and self._offset + size + RECORD_HEADER > self._allocated:
+        Raises ENOSPC before writing anything when the file system has no room for the group: a
+        preallocated file needs room only when the group outgrows its chunks, and fallocate then
+        reserves it or fails; without preallocation the free space is checked."""
+        if not self.prealloc:
+            require_room(self._fd, size, f"journal {self.directory}")
+        elif self._offset + size + RECORD_HEADER > self._allocated:
             grow = -(-(self._offset + size + RECORD_HEADER - self._allocated) // self.prealloc) * self.prealloc
             os.posix_fallocate(self._fd, self._allocated, grow)
             self._allocated += grow
