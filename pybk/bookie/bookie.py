@@ -26,7 +26,7 @@ from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
 from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
                       check as check_journal, discard_unused, encode_record, encode_records, is_space_error, journal_files,
-                      fsync_dir, read_head, read_mark, replay, scan_file, write_mark)
+                      read_head, read_mark, replay, scan_file, write_atomic, write_mark)
 from .metrics import Metrics
 from .state import LedgerState, check_key
 from .writecache import WriteCache
@@ -187,13 +187,8 @@ class Bookie:
             log.error("journal loss accepted (--accept-journal-loss): %s; entries acknowledged there are "
                       "lost on this bookie", gap)
         lost = self.pending_journal_loss() + [str(g) for g in gaps]
-        tmp = self.journal_dir / (JOURNAL_LOSS_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps({"lost": lost, "since_ms": int(time.time() * 1000)}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.journal_dir / JOURNAL_LOSS_FILE)
-        fsync_dir(self.journal_dir)
+        write_atomic(self.journal_dir / JOURNAL_LOSS_FILE,
+                     json.dumps({"lost": lost, "since_ms": int(time.time() * 1000)}).encode())
 
     def pending_journal_loss(self) -> list[str]:
         """Accepted journal gaps not yet reported (they survive restarts until reported)."""

@@ -201,11 +201,17 @@ def _read_checked(path: Path, layout: struct.Struct) -> tuple | None:
 
 
 def _write_checked(path: Path, layout: struct.Struct, *fields: int) -> None:
-    """Persist fields atomically (write, fsync, rename, fsync dir)."""
+    """Persist fields with their CRC32C, atomically."""
     head = layout.pack(*fields)
+    write_atomic(path, head + struct.pack(">I", google_crc32c.value(head)))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace a small file so that a crash leaves the old or the new content (write, fsync,
+    rename, fsync dir)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(head + struct.pack(">I", google_crc32c.value(head)))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
