@@ -21,8 +21,8 @@ test: venv
 image-test: venv  # root + apt-get: builds the image with podman and runs it (docs/kubernetes.md); else says why, exit 0
 	$(PY) bookie_image/image_test.py
 
-demo: venv
-	$(PY) -m pybk.demo
+demo: venv  # DEMO_ARGS=--secure runs it on a secured cluster (TLS, etcd auth, tokens)
+	$(PY) -m pybk.demo $(DEMO_ARGS)
 
 proto: venv
 	$(PY) -m pybk.proto.generate

@@ -6,13 +6,17 @@ view of the cluster, runs the per-ledger statistics Spark job (spark/ledger_stat
 ledgers with a local Spark, and stops everything, also on Ctrl-C or failure. Without Java the
 Spark step is skipped with a note naming the package to install.
 
-    python -m pybk.demo [--data-dir DIR] [--keep]
+With --secure the cluster runs `pybk local up --secure` (TLS, etcd auth, tokens): every client
+step stays the same, taking its credentials from the cluster's local.json.
+
+    python -m pybk.demo [--data-dir DIR] [--keep] [--secure]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import subprocess
@@ -20,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pybk.local.client import LocalClient, read_client
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cluster.yaml"
@@ -70,13 +76,13 @@ def sample_event(stream: str, i: int, rng: random.Random) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
 
 
-async def write_and_read(metadata_uri: str) -> dict[str, tuple[int, list[bytes]]]:
+async def write_and_read(cluster: LocalClient) -> dict[str, tuple[int, list[bytes]]]:
     """Write one ledger per event stream, close it, read it back with fencing, compare."""
     from pybk.client import BookKeeper, DigestType
 
     rng = random.Random(7)
     written: dict[str, tuple[int, list[bytes]]] = {}
-    async with await BookKeeper.connect(metadata_uri) as bk:
+    async with await BookKeeper.connect(cluster.metadata_uri, security=cluster.security) as bk:
         for stream, count in STREAMS.items():
             lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, digest=DigestType.CRC32C,
                                         password=PASSWORD, metadata={"stream": stream.encode()})
@@ -101,9 +107,11 @@ async def write_and_read(metadata_uri: str) -> dict[str, tuple[int, list[bytes]]
     return written
 
 
-def spark_stats(uri: str, ledgers: dict[str, tuple[int, list[bytes]]]) -> str | None:
+def spark_stats(uri: str, ledgers: dict[str, tuple[int, list[bytes]]], data_dir: Path | None = None) -> str | None:
     """Run the statistics job as a user would; check its numbers against what was written.
-    Returns a note when the step could not run (no Java), None when it ran."""
+    With data_dir, the job runs as in that local cluster's directory ($PYBK_LOCAL_DIR), so it
+    finds the cluster's credentials in its local.json. Returns a note when the step could not
+    run (no Java), None when it ran."""
     from pybk.spark.session import java_problem
     problem = java_problem()
     if problem:
@@ -116,7 +124,8 @@ def spark_stats(uri: str, ledgers: dict[str, tuple[int, list[bytes]]]) -> str | 
     argv = [sys.executable, str(job)] if job.exists() else [
         sys.executable, "-c", "import sys; from pybk.spark.jobs import stats_main; sys.exit(stats_main(sys.argv[1:]))"]
     say("    (starting a local[2] Spark session takes a few seconds)")
-    proc = subprocess.run([*argv, *args], capture_output=True, text=True)
+    env = {**os.environ, "PYBK_LOCAL_DIR": str(data_dir)} if data_dir else None
+    proc = subprocess.run([*argv, *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         say("\n".join("    " + line for line in proc.stderr.strip().splitlines()[-15:]))
         raise SystemExit(f"demo failed: the Spark statistics job exited with {proc.returncode}")
@@ -153,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="where the demo cluster keeps its data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data dir afterwards")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark statistics job")
+    parser.add_argument("--secure", action="store_true",
+                        help="run the cluster with `pybk local up --secure` (TLS, etcd auth, tokens)")
     args = parser.parse_args(argv)
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="pybk-demo-")).resolve()
     manifest = EXAMPLE
@@ -172,15 +183,19 @@ def main(argv: list[str] | None = None) -> int:
         for line in manifest.read_text().splitlines():
             if line.strip() and not line.lstrip().startswith("#"):
                 say(f"    | {line}")
-        pybk("local", "up", "-f", shown, "--data-dir", str(data_dir), "--detach")
+        if args.secure:
+            say("  --secure: a throwaway CA, certificates, tokens and etcd users are created under")
+            say("   DIR/security/; every port speaks TLS and every client must present a credential")
+        pybk("local", "up", "-f", shown, "--data-dir", str(data_dir), "--detach", *(["--secure"] if args.secure else []))
         started = True
-        uri = json.loads((data_dir / "local.json").read_text())["metadata_service_uri"]
+        cluster = read_client(data_dir)
+        uri = cluster.metadata_uri
 
         step(2, total, "the bookies registered themselves in etcd")
         pybk("shell", "listbookies", "--data-dir", str(data_dir))
 
         step(3, total, "write a ledger per event stream with E3/Qw3/Qa2, then read each back")
-        ledgers = asyncio.run(write_and_read(uri))
+        ledgers = asyncio.run(write_and_read(cluster))
 
         step(4, total, "what the shell sees: ledgers, one ledger's metadata, its first events")
         pybk("shell", "listledgers", "--data-dir", str(data_dir))
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
         step(5, total, "per-ledger statistics with Spark: the `pybk` data source reads entries straight "
                        "from the bookies")
-        spark_note = spark_stats(uri, ledgers) if not args.no_spark else "skipped (--no-spark)"
+        spark_note = spark_stats(uri, ledgers, data_dir) if not args.no_spark else "skipped (--no-spark)"
 
         step(6, total, "stop the cluster: autorecovery and bookies first, then etcd")
         pybk("local", "down", "--data-dir", str(data_dir))

@@ -84,3 +84,21 @@ def test_no_cluster_given_says_how_to_give_one(tmp_path):
 
 def test_human_bytes():
     assert [shell.human_bytes(n) for n in (0, 1023, 1536, 5 * 1024 ** 3)] == ["0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
+
+
+def test_a_secure_local_cluster_gives_its_credentials_and_the_environment_overrides_them(tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    security = {"tls_ca": "/s/ca.crt", "tls_cert": "/s/admin/tls.crt", "tls_key": "/s/admin/tls.key",
+                "token_file": "/s/tokens/admin.token"}
+    uri = "etcd://127.0.0.1:1/pybk?tls_ca=/s/ca.crt&user=pybk&password_file=/s/etcd-users/pybk.password"
+    (local / "local.json").write_text(json.dumps({"metadata_service_uri": uri, "security": security}))
+    by_dir = shell.resolve_cluster(None, str(local), {})
+    assert by_dir.metadata_uri == uri and by_dir.security.as_mapping() == security
+    # the cluster's URI given explicitly (its base is enough) finds the same credentials
+    env = {"PYBK_LOCAL_DIR": str(local)}
+    assert shell.resolve_cluster("etcd://127.0.0.1:1/pybk", None, env).security.as_mapping() == security
+    # another cluster's URI gets none of them
+    assert shell.resolve_cluster("etcd://127.0.0.1:2/pybk", None, env).security.as_mapping() == {}
+    reader = shell.resolve_cluster(None, str(local), {"PYBK_TOKEN_FILE": "/s/tokens/reader.token"})
+    assert reader.security.as_mapping() == {**security, "token_file": "/s/tokens/reader.token"}

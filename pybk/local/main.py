@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import control
+from .client import default_data_dir as _default_dir
 from .control import live_children, pid_alive, running_supervisor
 from .datadir import APPLY_JSON, LOCAL_JSON, MANIFEST, read_local_json
 from .errors import LocalClusterError
@@ -20,14 +21,14 @@ from .etcd import EtcdMissing, etcd_binary
 from .manifest import load_spec
 from .platform import LocalCluster
 from .process import ChildProcess
+from .secure import LocalSecurity, secure_mode
 from .supervisor import supervise
 
-DEFAULT_DATA_DIR = ".pybk-local"
 
 
 def default_data_dir() -> str:
     """Where a local cluster lives unless --data-dir says otherwise: $PYBK_LOCAL_DIR or ./.pybk-local."""
-    return os.environ.get("PYBK_LOCAL_DIR") or DEFAULT_DATA_DIR
+    return str(_default_dir())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "(supervisor log: DIR/local.log)")
     up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                     help="how long to wait for every process to be ready (default %(default)s)")
+    up.add_argument("--secure", action="store_true",
+                    help="TLS on every port, etcd auth, bookie/admin tokens: a throwaway CA and secrets are "
+                         "created once under DIR/security/ and reused; clients find their settings in "
+                         "local.json. Remembered for the data dir (later `up` stay secure)")
     up.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
 
     down = sub.add_parser("down", help="stop the local cluster running in --data-dir",
@@ -128,12 +133,14 @@ def _up(args: argparse.Namespace) -> int:
         etcd_binary()
     except EtcdMissing as e:
         raise LocalClusterError(str(e)) from None
+    secure = secure_mode(data_dir, args.secure, has_data=(data_dir / "etcd").exists())
+    security = LocalSecurity.of(data_dir).ensure() if secure else None
     if args.detach:
-        return _up_detached(args, data_dir, manifest)
+        return _up_detached(args, data_dir, manifest, secure)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = load_spec(manifest)
-    cluster = LocalCluster(spec, data_dir)
+    cluster = LocalCluster(spec, data_dir, security=security)
 
     def ready(doc: dict[str, Any]) -> None:
         _print_ready(doc, data_dir, args.output, foreground=not args.detached_child)
@@ -146,9 +153,9 @@ def _up(args: argparse.Namespace) -> int:
         raise LocalClusterError(f"could not start the local cluster: {e}{hint}") from None
 
 
-def _up_detached(args: argparse.Namespace, data_dir: Path, manifest: Path) -> int:
+def _up_detached(args: argparse.Namespace, data_dir: Path, manifest: Path, secure: bool) -> int:
     argv = [sys.executable, "-m", "pybk.cli", "local", "up", "-f", str(manifest), "--data-dir", str(data_dir),
-            "--timeout", str(args.timeout), "--detached-child"]
+            "--timeout", str(args.timeout), "--detached-child", *(["--secure"] if secure else [])]
     supervisor = ChildProcess("pybk local up", argv, data_dir / "local.log").start()
     deadline = time.monotonic() + args.timeout + 30
     local_json = data_dir / LOCAL_JSON
@@ -182,6 +189,9 @@ def _print_ready(doc: dict[str, Any], data_dir: Path, output: str, foreground: b
     for r in doc.get("autorecovery", []):
         lines.append(f"  {r['id']:<14} pid {r['pid']:<8} {'':<27} http {r['http']:<22} "
                      f"log {data_dir / (r['id'] + '.log')}")
+    if doc.get("security"):
+        lines.append(f"  secure: TLS, etcd auth and tokens; client settings in {data_dir / LOCAL_JSON} "
+                     f"(`security`), files in {data_dir / 'security'}")
     lines.append(f"try:  pybk shell listbookies --data-dir {data_dir}")
     lines.append("stop: Ctrl-C" if foreground else f"stop: pybk local down --data-dir {data_dir}")
     print("\n".join(lines), flush=True)

@@ -25,6 +25,7 @@ from pybk.cluster.controller import BELOW_ENSEMBLE, plan
 from pybk.cluster.observed import MetadataObservation, Observed
 from pybk.cluster.spec import BookieClusterSpec
 from pybk.recovery.process import AutoRecoveryProcess
+from pybk.security.roles import Role
 
 from .bookie import BookieProcess
 from .datadir import LOCAL_JSON, write_json
@@ -32,6 +33,7 @@ from .errors import ChangeRefused, LocalClusterError, ReconcileInterrupted
 from .etcd import EtcdProcess
 from .manifest import bookie_options, metadata_prefix
 from .process import ChildProcess
+from .secure import EtcdUser, Identity, LocalSecurity
 from .slots import BOOKIE_PREFIX, BookieSlot, Ports, bookie_id, ordinal_of
 
 log = logging.getLogger("pybk.local")
@@ -42,8 +44,10 @@ Conditions = list[dict[str, Any]]
 class LocalCluster:
     """etcd + bookies + autorecovery of one data dir, owned by this process."""
 
-    def __init__(self, spec: BookieClusterSpec, data_dir: str | Path, host: str = "127.0.0.1"):
+    def __init__(self, spec: BookieClusterSpec, data_dir: str | Path, host: str = "127.0.0.1",
+                 security: LocalSecurity | None = None):
         self.spec = spec
+        self.security = security
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.etcd: EtcdProcess | None = None
@@ -64,8 +68,11 @@ class LocalCluster:
 
     @property
     def metadata_uri(self) -> str:
+        """The URI every process of the cluster (and local.json's clients) uses: with --secure it
+        carries the etcd options (CA, read-write user, password file)."""
         assert self.etcd is not None, "etcd is not started"
-        return self.etcd.metadata_uri(metadata_prefix(self.spec))
+        login = self.security.etcd_login() if self.security else {}
+        return self.etcd.metadata_uri(metadata_prefix(self.spec), **login)
 
     # -- observe -----------------------------------------------------------------------------
     async def observe_metadata(self, store: Any) -> tuple[MetadataObservation, dict[str, meta_side.BookieMetadata]]:
@@ -105,9 +112,12 @@ class LocalCluster:
     def start_etcd(self, timeout: float = 60.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.etcd = EtcdProcess(self.data_dir, client_port=self.ports.port("etcd", "client"),
-                                peer_port=self.ports.port("etcd", "peer"), host=self.host)
+                                peer_port=self.ports.port("etcd", "peer"), host=self.host,
+                                tls=self.security.etcd_tls() if self.security else None)
         log.info("starting etcd on %s", self.etcd.client_url)
         self.etcd.start(timeout)
+        if self.security is not None:
+            asyncio.run(self._enable_etcd_auth())
 
     def start_bookie(self, ordinal: int, timeout: float = 120.0, wait: bool = True) -> BookieProcess:
         """Start bookie ordinal N (if not running); with wait, return once it is ready."""
@@ -121,7 +131,7 @@ class LocalCluster:
         proc = BookieProcess(self.data_dir / slot.bookie_id, metadata_uri=self.metadata_uri, host=slot.host,
                              port=slot.grpc_port, http_port=slot.http_port, bookie_id=slot.bookie_id,
                              journal_dir=slot.journal_dir, ledger_dirs=slot.ledger_dirs,
-                             **bookie_options(self.spec.config))
+                             **bookie_options(self.spec.config), **self._server_options(Identity.BOOKIE))
         proc.name = slot.bookie_id
         proc.log_path = slot.log_path
         self.bookies[ordinal] = proc
@@ -154,7 +164,8 @@ class LocalCluster:
             return current
         name = f"autorecovery-{index}"
         proc = AutoRecoveryProcess(self.data_dir / f"{name}.log", self.metadata_uri, name=name, host=self.host,
-                                   http_port=self.ports.port("autorecovery", name, "http"))
+                                   http_port=self.ports.port("autorecovery", name, "http"),
+                                   **self._server_options(Identity.AUTORECOVERY))
         log.info("starting %s (http %s:%s)", name, self.host, proc.http_port)
         self.recovery[index] = proc
         proc.start(timeout, wait=False)
@@ -162,6 +173,10 @@ class LocalCluster:
         if wait:
             proc.wait_ready(proc.is_ready, timeout)
         return proc
+
+    def _server_options(self, who: Identity) -> dict[str, str]:
+        """The security flags of a bookie or autorecovery process (none when not --secure)."""
+        return self.security.server_options(who) if self.security else {}
 
     def stop_autorecovery(self, index: int, timeout: float = 30.0) -> None:
         proc = self.recovery.pop(index, None)
@@ -324,9 +339,22 @@ class LocalCluster:
                             "ledger_dirs": [str(d) for d in slot.ledger_dirs]})
         recovery = [{"id": p.recovery_name, "pid": p.pid, "http": f"{p.host}:{p.http_port}"}
                     for _, p in sorted(self.recovery.items())]
-        return {"metadata_service_uri": self.metadata_uri,
-                "etcd": {"pid": self.etcd.pid, "client_url": self.etcd.client_url},
-                "bookies": bookies, "autorecovery": recovery}
+        doc: dict[str, Any] = {"metadata_service_uri": self.metadata_uri,
+                               "etcd": {"pid": self.etcd.pid, "client_url": self.etcd.client_url},
+                               "bookies": bookies, "autorecovery": recovery}
+        if self.security is not None:
+            doc.update(self.client_settings())
+        return doc
+
+    def client_settings(self) -> dict[str, Any]:
+        """local.json's security part (file names only): `security`, what clients present by
+        default (the admin identity); `credentials`, the same for each role; and the read-only
+        metadata URI (etcd user with read access to the prefix)."""
+        assert self.security is not None and self.etcd is not None
+        read_only = self.etcd.metadata_uri(metadata_prefix(self.spec), **self.security.etcd_login(EtcdUser.READ))
+        return {"security": self.security.client(Role.ADMIN).as_mapping(),
+                "credentials": {str(role): self.security.client(role).as_mapping() for role in Role},
+                "read_only_metadata_service_uri": read_only}
 
     def write_local_json(self) -> dict[str, Any]:
         doc = self.info()

@@ -1,5 +1,5 @@
 """What every `pybk shell` command shares: its error type, the command registry, the cluster's
-location (`resolve_metadata_uri`) and the connections a command opens (`Shell`)."""
+location and credentials (`resolve_cluster`) and the connections a command opens (`Shell`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,29 +7,43 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
+
+from pybk.local.client import LocalClient, default_data_dir, overlay, security_for
+from pybk.security.settings import ClientSecurity
 
 
 class ShellError(Exception):
     """A command failed in a way the user should read (printed without a traceback)."""
 
 
-def resolve_metadata_uri(metadata_uri: str | None, data_dir: str | None,
-                         environ: dict[str, str] | None = None) -> str:
-    """--metadata-uri, else --data-dir's local.json, else $PYBK_METADATA_URI, else the default
-    local cluster's local.json ($PYBK_LOCAL_DIR or ./.pybk-local); ShellError if none is found."""
+def resolve_cluster(metadata_uri: str | None, data_dir: str | None,
+                    environ: Mapping[str, str] | None = None) -> LocalClient:
+    """Which cluster and credentials: --metadata-uri, else --data-dir's local.json, else
+    $PYBK_METADATA_URI, else the default local cluster's local.json ($PYBK_LOCAL_DIR or
+    ./.pybk-local); ShellError if none is found. The credentials are local.json's `security`
+    (a cluster started `--secure`, also when its URI is given), each overridden by the
+    environment's `PYBK_TLS_*` / `PYBK_TOKEN_FILE`."""
     env = os.environ if environ is None else environ
     if metadata_uri:
-        return _check_uri(metadata_uri)
+        uri = _check_uri(metadata_uri)
+        return LocalClient(uri, security_for(uri, env))
     if data_dir:
-        return _uri_from_data_dir(Path(data_dir))
+        return _from_data_dir(Path(data_dir), env)
     if env.get("PYBK_METADATA_URI"):
-        return _check_uri(env["PYBK_METADATA_URI"])
-    default_dir = Path(env.get("PYBK_LOCAL_DIR") or ".pybk-local")
+        uri = _check_uri(env["PYBK_METADATA_URI"])
+        return LocalClient(uri, security_for(uri, env))
+    default_dir = default_data_dir(env)
     if (default_dir / "local.json").exists():
-        return _uri_from_data_dir(default_dir)
+        return _from_data_dir(default_dir, env)
     raise ShellError("no cluster given: pass --metadata-uri etcd://HOST:PORT/PREFIX, set PYBK_METADATA_URI, "
                      "or --data-dir of a local cluster started with `pybk local up`")
+
+
+def resolve_metadata_uri(metadata_uri: str | None, data_dir: str | None,
+                         environ: Mapping[str, str] | None = None) -> str:
+    """The metadata URI `resolve_cluster` finds."""
+    return resolve_cluster(metadata_uri, data_dir, environ).metadata_uri
 
 
 def _check_uri(uri: str) -> str:
@@ -39,7 +53,7 @@ def _check_uri(uri: str) -> str:
     return uri
 
 
-def _uri_from_data_dir(data_dir: Path) -> str:
+def _from_data_dir(data_dir: Path, environ: Mapping[str, str]) -> LocalClient:
     path = data_dir / "local.json"
     try:
         doc = json.loads(path.read_text())
@@ -48,10 +62,10 @@ def _uri_from_data_dir(data_dir: Path) -> str:
                          f"`pybk local up -f examples/cluster.yaml --data-dir {data_dir}`") from None
     except (OSError, ValueError) as e:
         raise ShellError(f"cannot read {path}: {e}") from None
-    uri = doc.get("metadata_service_uri")
-    if not uri:
+    if not doc.get("metadata_service_uri"):
         raise ShellError(f"{path} has no metadata_service_uri")
-    return _check_uri(uri)
+    local = LocalClient.of(doc)
+    return LocalClient(_check_uri(local.metadata_uri), overlay(local.security, environ))
 
 
 @dataclass
@@ -77,10 +91,12 @@ def command(name: str, help: str, arguments: Callable[[argparse.ArgumentParser],
 
 
 class Shell:
-    """Connections a command needs, opened on first use and closed at the end."""
+    """Connections a command needs, opened on first use and closed at the end, with the
+    credentials `security` (None: `ClientSecurity.from_env()`, the library's default)."""
 
-    def __init__(self, metadata_uri: str):
+    def __init__(self, metadata_uri: str, security: ClientSecurity | None = None):
         self.metadata_uri = metadata_uri
+        self.security = security
         self._store = None
         self._bk = None
 
@@ -95,7 +111,7 @@ class Shell:
         """The ledger client (pybk.client.BookKeeper)."""
         if self._bk is None:
             from pybk.client import BookKeeper
-            self._bk = await BookKeeper.connect(self.metadata_uri)
+            self._bk = await BookKeeper.connect(self.metadata_uri, security=self.security)
         return self._bk
 
     async def close(self) -> None:
@@ -103,4 +119,3 @@ class Shell:
             await self._bk.close()
         if self._store is not None:
             await self._store.close()
-

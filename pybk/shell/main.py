@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .core import COMMANDS, Command, Shell, ShellError, resolve_metadata_uri
+from .core import COMMANDS, Command, Shell, ShellError, resolve_cluster
 
 EXTENSION_MODULES = ("pybk.recovery.shell",)
 
@@ -57,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen command and print its result: 0, or 1 with a one-line reason on stderr."""
     cmd = COMMANDS[args.shell_command]
     try:
-        uri = resolve_metadata_uri(args.metadata_uri, args.data_dir)
-        data = asyncio.run(_run(cmd, uri, args))
+        target = resolve_cluster(args.metadata_uri, args.data_dir)
+        # every client this command opens (ledger client, bookie probes, admin HTTP) takes its
+        # credentials from the environment unless given them: export the resolved ones
+        os.environ.update(target.security.as_env())
+        data = asyncio.run(_run(cmd, Shell(target.metadata_uri, target.security), args))
     except ShellError as e:
         print(f"pybk shell {cmd.name}: error: {e}", file=sys.stderr)
         return 1
@@ -81,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(cmd: Command, uri: str, args: argparse.Namespace) -> Any:
-    sh = Shell(uri)
+async def _run(cmd: Command, sh: Shell, args: argparse.Namespace) -> Any:
     try:
         return await cmd.run(sh, args)
     finally:

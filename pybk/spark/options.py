@@ -13,8 +13,19 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from pybk.entry import DigestType
+from pybk.security.settings import ENV, ClientSecurity
 
 DEFAULT_ENTRIES_PER_PARTITION = 50_000  # measured: 2,500 -> 40,000 halves CPU per entry (per-task cost)
+
+# the client credentials (file names; see docs/security.md), on the driver and every executor
+SECURITY_OPTIONS = {
+    "tls_ca": "CA bundle (PEM file) to verify the bookies with; turns TLS on",
+    "tls_cert": "client certificate (PEM file) presented to the bookies",
+    "tls_key": "its private key (PEM file)",
+    "tls_server_name": "name expected in the bookies' certificates (default: the host dialled)",
+    "token_file": "file holding the bearer token presented to the bookies",
+}
+assert set(SECURITY_OPTIONS) == set(ENV)
 
 READ_OPTIONS = {
     "metadataserviceuri": "etcd://host:port[,host:port]/prefix of the cluster's metadata (required)",
@@ -27,6 +38,7 @@ READ_OPTIONS = {
     "maxentriespertrigger": "streaming: at most this many entries per micro-batch (default no limit)",
     "startingposition": "streaming: 'earliest' (default) or 'latest' for ledgers known at start",
     "path": "same as ledgers (so load('1,2') works)",
+    **SECURITY_OPTIONS,
 }
 
 WRITE_OPTIONS = {
@@ -38,6 +50,7 @@ WRITE_OPTIONS = {
     "password": READ_OPTIONS["password"],
     "jobid": "id recorded in every written ledger's custom metadata (default: a new UUID)",
     "path": "ignored",
+    **SECURITY_OPTIONS,
 }
 
 JOB_KEY = "pybk.spark.job"
@@ -159,6 +172,15 @@ def _check_known(options: Mapping[str, str], known: Mapping[str, str], what: str
                           + ", ".join(sorted(known)))
 
 
+def parse_security(options: Mapping[str, str]) -> ClientSecurity | None:
+    """The credentials given as options (lower-cased names), or None when none is given (then the
+    local cluster's local.json, else the executors' `PYBK_TLS_*` / `PYBK_TOKEN_FILE`, apply)."""
+    given = {k: str(v).strip() for k, v in options.items() if k in SECURITY_OPTIONS and str(v).strip()}
+    if "tls_cert" in given and "tls_key" not in given or "tls_key" in given and "tls_cert" not in given:
+        raise OptionError("options tls_cert and tls_key go together: give both or neither")
+    return ClientSecurity.from_mapping(given) if given else None
+
+
 class StartingPosition(enum.StrEnum):
     """Where a stream with no checkpoint starts in each ledger: its first entry or its end."""
     EARLIEST = "earliest"
@@ -182,6 +204,7 @@ class ReadOptions:
     password: bytes = b""
     max_entries_per_trigger: int | None = None
     starting_position: StartingPosition = StartingPosition.EARLIEST
+    security: ClientSecurity | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -210,6 +233,7 @@ class ReadOptions:
             max_entries_per_trigger=parse_int("maxEntriesPerTrigger",
                                               opts.get("maxentriespertrigger"), None, 1),
             starting_position=starting_position,
+            security=parse_security(opts),
         )
 
 
@@ -224,6 +248,7 @@ class WriteOptions:
     digest_type: DigestType = DigestType.CRC32C
     password: bytes = b""
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    security: ClientSecurity | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
@@ -245,4 +270,4 @@ class WriteOptions:
         job_id = str(opts.get("jobid") or uuid.uuid4().hex)
         return cls(metadata_uri=uri, ensemble_size=e, write_quorum=qw, ack_quorum=qa,
                    digest_type=digest, password=str(opts.get("password", "")).encode("utf-8"),
-                   job_id=job_id)
+                   job_id=job_id, security=parse_security(opts))

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
                                     DataSourceStreamReader, InputPartition, WriterCommitMessage)
 from pyspark.sql.types import StructType
+
+from pybk.local.client import local_client_for, overlay
+from pybk.security.settings import ClientSecurity
 
 from . import offsets as offs
 from .options import JOB_KEY, PARTITION_KEY, OptionError, ReadOptions, StartingPosition, WriteOptions
@@ -48,7 +51,7 @@ PLAN_CONCURRENCY = 32
 # ---------------------------------------------------------------- asyncio plumbing
 
 _LOOP: asyncio.AbstractEventLoop | None = None
-_CLIENTS: dict[str, Any] = {}
+_CLIENTS: dict[tuple[str, ClientSecurity | None], Any] = {}
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -90,24 +93,41 @@ def _drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
         loop.run_until_complete(agen.aclose())
 
 
-async def _connect(uri: str):
-    """A new BookKeeper client for uri, or an OptionError that names the unreachable service."""
+async def _connect(uri: str, security: ClientSecurity | None = None):
+    """A new BookKeeper client for uri with these credentials (None: this process's `PYBK_TLS_*` /
+    `PYBK_TOKEN_FILE`), or an OptionError that names the unreachable service."""
     from pybk.client import BookKeeper
     from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
     try:
-        return await asyncio.wait_for(BookKeeper.connect(uri), CONNECT_TIMEOUT)
+        return await asyncio.wait_for(BookKeeper.connect(uri, security=security), CONNECT_TIMEOUT)
     except (asyncio.TimeoutError, OSError) as exc:
         raise OptionError(f"metadata service {uri} is unreachable: {exc or 'timed out'}") from exc
     except (MetadataUnavailableError, BadMetadataUriError) as exc:
         raise OptionError(f"metadata service {uri}: {exc}") from exc
 
 
-async def _client(uri: str):
-    """This process's shared client for uri (kept open for the worker's later tasks)."""
-    bk = _CLIENTS.get(uri)
+async def _client(uri: str, security: ClientSecurity | None = None):
+    """This process's shared client for uri and credentials (kept open for the worker's later tasks)."""
+    bk = _CLIENTS.get((uri, security))
     if bk is None:
-        bk = _CLIENTS[uri] = await _connect(uri)
+        bk = _CLIENTS[(uri, security)] = await _connect(uri, security)
     return bk
+
+
+Options = TypeVar("Options", ReadOptions, WriteOptions)
+
+
+def with_credentials(opts: Options) -> Options:
+    """opts with the credentials resolved on the driver, so that every executor presents the same
+    files: the ones given as options, else the local cluster's (its local.json, when the URI names
+    the cluster of $PYBK_LOCAL_DIR or ./.pybk-local) overridden by the driver's `PYBK_TLS_*` /
+    `PYBK_TOKEN_FILE`; else none (executors then use their own environment's)."""
+    if opts.security is not None:
+        return opts
+    local = local_client_for(opts.metadata_uri)
+    if local is None or not local.security.as_mapping():
+        return opts
+    return replace(opts, security=overlay(local.security))
 
 
 def _is_no_such_ledger(exc: BaseException) -> bool:
@@ -162,7 +182,7 @@ async def _discover(opts: ReadOptions, bounds: Bounds, strict: bool,
     closed: last entries of ledgers already known to be closed (they never change, so they are not
     asked again); newly seen closed ledgers are added to it.
     """
-    bk = await _client(opts.metadata_uri)
+    bk = await _client(opts.metadata_uri, opts.security)
     ids, named = await _ledger_ids(bk, opts, bounds)
     known = closed if closed is not None else {}
     ask = [i for i in ids if i not in known]
@@ -221,7 +241,7 @@ def sub_range_entries(avg_entry_bytes: float | None) -> int:
     return max(MIN_SUB_RANGE, min(MAX_SUB_RANGE, int(ARROW_BATCH_BYTES // max(avg_entry_bytes, 1.0))))
 
 
-async def _read_batches(uri: str, password: bytes, part: LedgerPartition,
+async def _read_batches(uri: str, security: ClientSecurity | None, password: bytes, part: LedgerPartition,
                         include_metadata: bool) -> AsyncIterator[pa.RecordBatch]:
     """One partition's entries as Arrow record batches, in entry order.
 
@@ -230,7 +250,7 @@ async def _read_batches(uri: str, password: bytes, part: LedgerPartition,
     bookie's round trips; batches are still yielded strictly in entry order.
     """
     schema = _arrow_schema(include_metadata)
-    bk = await _client(uri)
+    bk = await _client(uri, security)
     handle = await bk.open_ledger(part.ledger_id, password=password, recovery=False)
     md = handle.metadata
     metadata = None
@@ -281,7 +301,8 @@ def read_partition(opts: ReadOptions, part: InputPartition) -> Iterator[pa.Recor
     Spark replaces an empty plan by one InputPartition(None): that reads nothing."""
     if not isinstance(part, LedgerPartition):
         return iter(())
-    return _drive(lambda: _read_batches(opts.metadata_uri, opts.password, part, opts.include_metadata))
+    return _drive(lambda: _read_batches(opts.metadata_uri, opts.security, opts.password, part,
+                                        opts.include_metadata))
 
 
 # ---------------------------------------------------------------- the data source
@@ -298,13 +319,13 @@ class LedgerDataSource(DataSource):
         return METADATA_SCHEMA if opts.include_metadata else BASE_SCHEMA
 
     def reader(self, schema: StructType) -> "LedgerBatchReader":
-        return LedgerBatchReader(ReadOptions.parse(self.options))
+        return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
 
     def streamReader(self, schema: StructType) -> "LedgerStreamReader":
-        return LedgerStreamReader(ReadOptions.parse(self.options))
+        return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
-        opts = WriteOptions.parse(self.options)
+        opts = with_credentials(WriteOptions.parse(self.options))
         if overwrite:
             raise OptionError("pybk ledgers are append-only: use mode('append')")
         return LedgerWriter(opts, _payload_column(schema))
@@ -428,7 +449,7 @@ def _partition_id() -> int:
 async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa.RecordBatch],
                            partition: int) -> LedgerWritten:
     """Write one partition's payloads into a new ledger and close it; delete it on failure."""
-    bk = await _client(opts.metadata_uri)
+    bk = await _client(opts.metadata_uri, opts.security)
     handle = None
     written = 0
     try:
@@ -477,15 +498,15 @@ async def _delete_quietly(bk: Any, ledger_ids: Sequence[int]) -> list[int]:
     return deleted
 
 
-async def job_ledgers(uri: str, job_id: str) -> dict[int, int]:
+async def job_ledgers(uri: str, job_id: str, security: ClientSecurity | None = None) -> dict[int, int]:
     """{partition: ledger_id} of the ledgers a write job with this id created (after its commit
     or abort, one per partition that wrote anything)."""
-    return {partition: lid for lid, partition in sorted((await _tagged(uri, job_id)).items())}
+    return {partition: lid for lid, partition in sorted((await _tagged(uri, job_id, security)).items())}
 
 
-async def _tagged(uri: str, job_id: str) -> dict[int, int]:
+async def _tagged(uri: str, job_id: str, security: ClientSecurity | None = None) -> dict[int, int]:
     """{ledger_id: partition} of every ledger tagged with the job id, from every task attempt."""
-    bk = await _connect(uri)  # its own client: also called from callers' event loops
+    bk = await _connect(uri, security)  # its own client: also called from callers' event loops
     try:
         out: dict[int, int] = {}
         async for lid in bk.list_ledgers():
@@ -506,18 +527,18 @@ async def _tagged(uri: str, job_id: str) -> dict[int, int]:
 async def _abort(opts: WriteOptions, ledger_ids: Sequence[int]) -> list[int]:
     """Delete what a failed job wrote: the ledgers reported, then any others tagged with its id
     (a task killed before it could report or clean up)."""
-    leftovers = await _tagged(opts.metadata_uri, opts.job_id)
-    bk = await _client(opts.metadata_uri)
+    leftovers = await _tagged(opts.metadata_uri, opts.job_id, opts.security)
+    bk = await _client(opts.metadata_uri, opts.security)
     return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)))
 
 
 async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> list[int]:
     """After a commit: delete the job's ledgers that are not in it, written by task attempts
     that were killed or lost to a retry (Spark keeps only one attempt's output per partition)."""
-    strays = set(await _tagged(opts.metadata_uri, opts.job_id)) - set(committed)
+    strays = set(await _tagged(opts.metadata_uri, opts.job_id, opts.security)) - set(committed)
     if not strays:
         return []
-    bk = await _client(opts.metadata_uri)
+    bk = await _client(opts.metadata_uri, opts.security)
     return await _delete_quietly(bk, sorted(strays))
 
 
@@ -529,7 +550,7 @@ class LedgerWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions, column: str):
         self.opts = opts
         self.column = column
-        _run(_check_reachable(opts.metadata_uri))
+        _run(_client(opts.metadata_uri, opts.security))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerWritten:
         return _run(_write_partition(self.opts, self.column, iterator, _partition_id()))
@@ -549,6 +570,3 @@ class LedgerWriter(DataSourceArrowWriter):
         log.warning("pybk write job %s aborted; deleted ledger(s): %s", self.opts.job_id,
                     ", ".join(map(str, deleted)) or "none")
 
-
-async def _check_reachable(uri: str) -> None:
-    await _client(uri)

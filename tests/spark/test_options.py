@@ -78,3 +78,18 @@ def test_write_options_defaults_and_checks():
         WriteOptions.parse({"metadataServiceUri": URI, "ensembleSize": "2", "writeQuorum": "3"})
     with pytest.raises(OptionError, match="digestType"):
         WriteOptions.parse({"metadataServiceUri": URI, "digestType": "md5"})
+
+
+def test_security_options_are_file_names_shipped_with_the_plan():
+    opts = ReadOptions.parse({"metadataServiceUri": URI, "TLS_CA": "/s/ca.crt", "token_file": "/s/t"})
+    assert opts.security.as_mapping() == {"tls_ca": "/s/ca.crt", "token_file": "/s/t"}
+    assert ReadOptions.parse({"metadataServiceUri": URI}).security is None
+    written = WriteOptions.parse({"metadataServiceUri": URI, "tls_ca": "/s/ca.crt", "tls_cert": "/s/c",
+                                  "tls_key": "/s/k", "tls_server_name": "bookie"})
+    assert written.security.as_mapping() == {"tls_ca": "/s/ca.crt", "tls_cert": "/s/c", "tls_key": "/s/k",
+                                             "tls_server_name": "bookie"}
+
+
+def test_a_client_certificate_without_its_key_is_refused_naming_both_options():
+    with pytest.raises(OptionError, match="tls_cert and tls_key go together"):
+        ReadOptions.parse({"metadataServiceUri": URI, "tls_ca": "/s/ca.crt", "tls_cert": "/s/c"})
