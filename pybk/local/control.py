@@ -124,13 +124,15 @@ def _killpg(pid: int, sig: int) -> None:
 
 @contextlib.contextmanager
 def detached(manifest: str | Path, data_dir: str | Path, timeout: float = 180.0,
-             env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    """`pybk local up --detach` for tests and scripts: yields local.json, always runs `down` after.
-    env (e.g. {"PYBK_LOST_BOOKIE_DELAY": "2"}) is added to the environment of every process."""
+             env: dict[str, str] | None = None, secure: bool = False) -> Iterator[dict[str, Any]]:
+    """`pybk local up --detach [--secure]` for tests and scripts: yields local.json, always runs
+    `down` after. env (e.g. {"PYBK_LOST_BOOKIE_DELAY": "2"}) is added to the environment of every
+    process."""
     cmd = [sys.executable, "-m", "pybk.cli", "local"]
     data_dir = str(Path(data_dir).resolve())
     proc = subprocess.run([*cmd, "up", "-f", str(manifest), "--data-dir", data_dir, "--detach",
-                           "--timeout", str(timeout)], capture_output=True, text=True, timeout=timeout + 60,
+                           "--timeout", str(timeout), *(["--secure"] if secure else [])],
+                          capture_output=True, text=True, timeout=timeout + 60,
                           env={**os.environ, **env} if env else None)
     try:
         if proc.returncode != 0:

@@ -30,3 +30,14 @@ def test_demo_without_java_skips_spark_naming_the_package(monkeypatch, tmp_path,
     note = demo.spark_stats("etcd://127.0.0.1:1/pybk", {})
     assert note.startswith("skipped:") and "apt-get install -y openjdk-17-jre-headless" in note
     assert "apt-get install" in capsys.readouterr().out
+
+
+def test_demo_runs_unchanged_on_a_secured_cluster(tmp_path):
+    data_dir = tmp_path / "demo"
+    res = subprocess.run([sys.executable, "-m", "pybk.demo", "--data-dir", str(data_dir), "--no-spark", "--secure"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pybk local up -f" in res.stdout and "--secure" in res.stdout
+    assert "demo finished: every acked event was read back identical." in res.stdout
+    assert "bookie-2  writable" in res.stdout and "CLOSED  3/3/2" in res.stdout
+    assert (data_dir / "security" / "secure.json").exists()
