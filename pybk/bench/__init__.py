@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 BENCHMARKS: dict[str, str] = {
@@ -38,7 +39,12 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "_bench"):
         print(f"pybk bench {args.benchmark}: not available yet", file=sys.stderr)
         return 2
+    from pybk.local.client import security_for
     from pybk.local.etcd import EtcdMissing
+    if getattr(args, "metadata_uri", None):
+        # a cluster given by URI: the local cluster's credentials when it is that one (started
+        # --secure), for every client the benchmark opens (they default to the environment's)
+        os.environ.update(security_for(args.metadata_uri).as_env())
     try:
         return int(args._bench(args) or 0)
     except EtcdMissing as e:
