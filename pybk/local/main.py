@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pybk.security.roles import Role
+
 from . import control
 from .client import default_data_dir as _default_dir
 from .control import live_children, pid_alive, running_supervisor
@@ -140,6 +142,10 @@ def _up(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = load_spec(manifest)
+    if security is not None:
+        # the supervisor is the cluster's admin client (decommissions call the bookies' admin API):
+        # every client it opens takes the admin credentials from the environment
+        os.environ.update(security.client(Role.ADMIN).as_env())
     cluster = LocalCluster(spec, data_dir, security=security)
 
     def ready(doc: dict[str, Any]) -> None:

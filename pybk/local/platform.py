@@ -119,6 +119,16 @@ class LocalCluster:
         if self.security is not None:
             asyncio.run(self._enable_etcd_auth())
 
+    async def _enable_etcd_auth(self) -> None:
+        """Turn etcd auth on for the cluster's prefix (idempotent: again at every start): root,
+        `pybk` reading and writing the prefix, `pybk-reader` only reading it."""
+        from pybk.meta.etcd_auth import EtcdAccess, enable_auth
+        assert self.security is not None and self.etcd is not None
+        passwords = self.security.etcd_users()
+        await enable_auth(self.etcd.metadata_uri(metadata_prefix(self.spec)), passwords[EtcdUser.ROOT],
+                          {EtcdUser.READWRITE.value: (passwords[EtcdUser.READWRITE], EtcdAccess.READWRITE),
+                           EtcdUser.READ.value: (passwords[EtcdUser.READ], EtcdAccess.READ)})
+
     def start_bookie(self, ordinal: int, timeout: float = 120.0, wait: bool = True) -> BookieProcess:
         """Start bookie ordinal N (if not running); with wait, return once it is ready."""
         current = self.bookies.get(ordinal)

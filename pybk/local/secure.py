@@ -156,6 +156,10 @@ class LocalSecurity:
         """The metadata URI options that log in to etcd as `user` (its name and password file)."""
         return {"user": user.value, "password_file": str(self.etcd_password_file(user))}
 
+    def etcd_users(self) -> dict[EtcdUser, str]:
+        """The password of each etcd user, read from its file (to enable etcd auth with)."""
+        return {user: self.etcd_password_file(user).read_text().strip() for user in EtcdUser}
+
     def token_files(self) -> dict[str, str]:
         """role -> token file, for local.json (so a user can act as reader or writer)."""
         return {str(role): str(self.token_file(role)) for role in Role}
