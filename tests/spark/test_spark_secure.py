@@ -87,3 +87,21 @@ async def _write(cluster, entries: int) -> int:
             await lh.add_entry(b"e%d" % i)
         await lh.close()
     return lh.ledger_id
+
+
+def test_credentials_are_resolved_on_the_driver_only_for_the_local_clusters_uri(tmp_path, monkeypatch):
+    from pybk.spark.options import ReadOptions, WriteOptions
+    from pybk.spark.source import with_credentials
+    security = {"tls_ca": "/s/ca.crt", "tls_cert": "/s/admin/tls.crt", "tls_key": "/s/admin/tls.key",
+                "token_file": "/s/tokens/admin.token"}
+    uri = "etcd://127.0.0.1:7/pybk?tls_ca=/s/ca.crt&user=pybk&password_file=/s/pw"
+    (tmp_path / "local.json").write_text(json.dumps({"metadata_service_uri": uri, "security": security}))
+    monkeypatch.setenv("PYBK_LOCAL_DIR", str(tmp_path))
+    for var in ("PYBK_TLS_CA", "PYBK_TLS_CERT", "PYBK_TLS_KEY", "PYBK_TLS_SERVER_NAME", "PYBK_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert with_credentials(ReadOptions.parse({"metadataServiceUri": uri})).security.as_mapping() == security
+    assert with_credentials(WriteOptions.parse({"metadataServiceUri": uri})).security.as_mapping() == security
+    # given options win; another cluster gets nothing (its executors use their own environment)
+    given = ReadOptions.parse({"metadataServiceUri": uri, "token_file": "/mine"})
+    assert with_credentials(given).security.as_mapping() == {"token_file": "/mine"}
+    assert with_credentials(ReadOptions.parse({"metadataServiceUri": "etcd://10.0.0.1:2379/pybk"})).security is None
