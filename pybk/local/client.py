@@ -3,8 +3,9 @@ its etcd options when the cluster runs `--secure`) and the credentials (`securit
 the CA, the client certificate and key, the bearer token).
 
 The shell, the demo, Spark jobs and the benchmarks use this, so a secured local cluster needs no
-extra flags. `PYBK_TLS_*` / `PYBK_TOKEN_FILE` set in the environment override local.json's values
-one by one (e.g. `PYBK_TOKEN_FILE=DIR/security/tokens/reader.token` to act as a reader).
+extra flags. The credential variables set in the environment (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`,
+...) override local.json's values one by one (e.g. `PYBK_TOKEN_FILE=DIR/security/tokens/reader.token`
+to act as a reader).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def read_client(data_dir: str | Path) -> LocalClient:
 
 
 def overlay(base: ClientSecurity, environ: Mapping[str, str] | None = None) -> ClientSecurity:
-    """base with every value that the environment sets (`PYBK_TLS_*`, `PYBK_TOKEN_FILE`) replaced."""
+    """base with every value that the environment sets (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...) replaced."""
     env = ClientSecurity.from_env(environ)
     return replace(base, **{f.name: getattr(env, f.name) for f in fields(env) if getattr(env, f.name)})
 
@@ -70,6 +71,7 @@ def local_client_for(uri: str, environ: Mapping[str, str] | None = None) -> Loca
 
 def security_for(uri: str, environ: Mapping[str, str] | None = None) -> ClientSecurity:
     """The credentials a client of `uri` presents when none are given: the default local cluster's
-    (if `uri` is its URI), each overridden by the environment's `PYBK_TLS_*` / `PYBK_TOKEN_FILE`."""
+    (if `uri` is its URI), each overridden by the environment's credential variables
+    (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...)."""
     local = local_client_for(uri, environ)
     return overlay(local.security if local else ClientSecurity(), environ)

@@ -23,7 +23,7 @@ def resolve_cluster(metadata_uri: str | None, data_dir: str | None,
     $PYBK_METADATA_URI, else the default local cluster's local.json ($PYBK_LOCAL_DIR or
     ./.pybk-local); ShellError if none is found. The credentials are local.json's `security`
     (a cluster started `--secure`, also when its URI is given), each overridden by the
-    environment's `PYBK_TLS_*` / `PYBK_TOKEN_FILE`."""
+    environment's credential variables (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...)."""
     env = os.environ if environ is None else environ
     if metadata_uri:
         uri = _check_uri(metadata_uri)

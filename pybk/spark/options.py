@@ -174,7 +174,8 @@ def _check_known(options: Mapping[str, str], known: Mapping[str, str], what: str
 
 def parse_security(options: Mapping[str, str]) -> ClientSecurity | None:
     """The credentials given as options (lower-cased names), or None when none is given (then the
-    local cluster's local.json, else the executors' `PYBK_TLS_*` / `PYBK_TOKEN_FILE`, apply)."""
+    local cluster's local.json, else the executors' credential variables, `PYBK_TLS_CA`,
+    `PYBK_TOKEN_FILE`, ..., apply)."""
     given = {k: str(v).strip() for k, v in options.items() if k in SECURITY_OPTIONS and str(v).strip()}
     if "tls_cert" in given and "tls_key" not in given or "tls_key" in given and "tls_cert" not in given:
         raise OptionError("options tls_cert and tls_key go together: give both or neither")

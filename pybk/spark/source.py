@@ -94,8 +94,8 @@ def _drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 
 
 async def _connect(uri: str, security: ClientSecurity | None = None):
-    """A new BookKeeper client for uri with these credentials (None: this process's `PYBK_TLS_*` /
-    `PYBK_TOKEN_FILE`), or an OptionError that names the unreachable service."""
+    """A new BookKeeper client for uri with these credentials (None: this process's credential
+    variables, `PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...), or an OptionError that names the unreachable service."""
     from pybk.client import BookKeeper
     from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
     try:
@@ -120,8 +120,8 @@ Options = TypeVar("Options", ReadOptions, WriteOptions)
 def with_credentials(opts: Options) -> Options:
     """opts with the credentials resolved on the driver, so that every executor presents the same
     files: the ones given as options, else the local cluster's (its local.json, when the URI names
-    the cluster of $PYBK_LOCAL_DIR or ./.pybk-local) overridden by the driver's `PYBK_TLS_*` /
-    `PYBK_TOKEN_FILE`; else none (executors then use their own environment's)."""
+    the cluster of $PYBK_LOCAL_DIR or ./.pybk-local) overridden by the driver's credential
+    variables (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...); else none (executors then use their own environment's)."""
     if opts.security is not None:
         return opts
     local = local_client_for(opts.metadata_uri)

@@ -13,6 +13,7 @@ import pytest
 
 from pybk.local import control
 from pybk.local.client import read_client
+from pybk.security.settings import ENV
 from pybk.spark.session import activate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, 
 def test_a_job_given_the_local_clusters_uri_finds_its_credentials_in_local_json(secured):
     cluster = read_client(secured)
     lid = asyncio.run(_write(cluster, entries=7))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYBK_TLS_", "PYBK_TOKEN_FILE"))}
+    env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
     job = subprocess.run([sys.executable, str(ROOT / "spark" / "ledger_stats.py"), "-m", cluster.metadata_uri,
                           "--ledgers", str(lid), "--password", PW, "-o", "json"],
                          capture_output=True, text=True, timeout=300, env={**env, "PYBK_LOCAL_DIR": str(secured)})
@@ -97,7 +98,7 @@ def test_credentials_are_resolved_on_the_driver_only_for_the_local_clusters_uri(
     uri = "etcd://127.0.0.1:7/pybk?tls_ca=/s/ca.crt&user=pybk&password_file=/s/pw"
     (tmp_path / "local.json").write_text(json.dumps({"metadata_service_uri": uri, "security": security}))
     monkeypatch.setenv("PYBK_LOCAL_DIR", str(tmp_path))
-    for var in ("PYBK_TLS_CA", "PYBK_TLS_CERT", "PYBK_TLS_KEY", "PYBK_TLS_SERVER_NAME", "PYBK_TOKEN_FILE"):
+    for var in ENV.values():
         monkeypatch.delenv(var, raising=False)
     assert with_credentials(ReadOptions.parse({"metadataServiceUri": uri})).security.as_mapping() == security
     assert with_credentials(WriteOptions.parse({"metadataServiceUri": uri})).security.as_mapping() == security
