@@ -6,5 +6,7 @@
 - `control`: the cluster from another process: is one running, `down`, `detached`.
 - `slots`, `datadir`, `manifest`, `errors`: stable ids and ports, the data dir's files, the
   manifest's local reading, what goes wrong.
+- `secure`: `up --secure`'s one-time setup (throwaway CA, identities, tokens, etcd users) and
+  what each process is given; `client`: what a client of a local cluster needs (local.json).
 - `process`, `etcd`, `bookie`: one child process each.
 """

@@ -6,6 +6,7 @@
     DIR/local.pid             the supervising `pybk local up` process
     DIR/apply.json            progress and outcome of the last `pybk local apply`
     DIR/etcd/, DIR/etcd.log, DIR/bookie-N/{journal,ledgers}, DIR/bookie-N.log, DIR/autorecovery-N.log
+    DIR/security/             with `up --secure`: CA, certificates, tokens, auth file, etcd users (`secure`)
 """
 from __future__ import annotations
 

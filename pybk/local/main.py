@@ -27,7 +27,6 @@ from .secure import LocalSecurity, secure_mode
 from .supervisor import supervise
 
 
-
 def default_data_dir() -> str:
     """Where a local cluster lives unless --data-dir says otherwise: $PYBK_LOCAL_DIR or ./.pybk-local."""
     return str(_default_dir())
