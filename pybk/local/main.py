@@ -237,6 +237,8 @@ def _status(args: argparse.Namespace) -> int:
         state = lambda alive: "running" if alive else "EXITED"
         print(f"local cluster in {data_dir} ({'supervisor pid ' + str(doc['supervisor_pid']) if doc['supervisor_pid'] else 'NO SUPERVISOR'})")
         print(f"metadata service URI: {doc['metadata_service_uri']}")
+        if doc.get("security"):
+            print(f"security: on (TLS, etcd auth, tokens; files in {data_dir / 'security'})")
         print(f"{'PROCESS':<15} {'PID':<8} {'STATE':<8} ENDPOINTS")
         print(f"{'etcd':<15} {doc['etcd']['pid']:<8} {state(doc['etcd']['alive']):<8} {doc['etcd']['client_url']}")
         for b in doc["bookies"]:
