@@ -13,6 +13,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pybk.proto import pb, rpc
+from pybk.security.auth import AccessDenied, Authenticator, Denial
+from pybk.security.roles import OPEN, Operation, Principal
+from pybk.security.tls import ReloadingServerCredentials
 
 from .bookie import Bookie, BookieStorageError
 from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
@@ -148,8 +151,9 @@ class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
     def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), authenticator: Authenticator | None = None):
         self.bookie = bookie
+        self.authenticator = authenticator
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
@@ -157,12 +161,29 @@ class BookieService(rpc.BookieServicer):
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
 
+    async def _authorize(self, context, operation: Operation) -> Principal:
+        """The caller's Principal if its role allows `operation` (OPEN when authentication is
+        off); otherwise the call ends UNAUTHENTICATED or PERMISSION_DENIED, the message naming the
+        cause. Every RPC calls this first: the one place a bookie decides who may do what."""
+        auth = self.authenticator
+        if auth is None or not auth.enabled:
+            return OPEN
+        try:
+            return auth.authorize_grpc(context, operation)
+        except AccessDenied as exc:
+            log.info("refused %s from %s: %s", operation.value, context.peer(), exc.message)
+            code = grpc.StatusCode.UNAUTHENTICATED if exc.denial is Denial.UNAUTHENTICATED \
+                else grpc.StatusCode.PERMISSION_DENIED
+            await context.abort(code, f"{operation.value} refused: {exc.message}")
+            raise  # abort raises; this line is never reached
+
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
         each batch becomes durable, one AddResults per AddBatch. The request iterator yields
         (batch, its size on the wire). A batch that would take the bytes in flight (received, not
         yet durable) of this stream or of the bookie past their caps is answered TOO_MANY_REQUESTS
-        at once; one batch alone always passes."""
+        at once; one batch alone always passes. The caller is authorized once, at stream start."""
+        principal = await self._authorize(context, Operation.ADD)
         bookie = self.bookie
         limits = self.limits
         conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
@@ -200,7 +221,7 @@ class BookieService(rpc.BookieServicer):
                     try:
                         results, fut = bookie.add_batch(batch.entries)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
-                        log.exception("add batch failed")
+                        log.exception("add batch from %s failed", principal.name)
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
                         fut = None
                     if fut is None:
@@ -230,6 +251,7 @@ class BookieService(rpc.BookieServicer):
         """Answers go out one at a time, each built only after the previous one was taken: a
         client that stops reading pauses its stream, and the room its answers hold in the
         bookie's ReadBuffer is bounded (see there)."""
+        await self._authorize(context, Operation.FENCE if request.flags & pb.FENCE else Operation.READ)
         bookie = self.bookie
         ledger, first, last = request.ledger_id, request.first_entry, request.last_entry
         m = bookie.metrics
@@ -317,6 +339,7 @@ class BookieService(rpc.BookieServicer):
             lac = bookie.lac(ledger)
 
     async def ReadLac(self, request, context):
+        await self._authorize(context, Operation.READ)
         lac = self.bookie.lac(request.ledger_id)
         if lac is None:
             return pb.ReadLacResponse(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, request.ledger_id), lac=-1)
@@ -329,6 +352,7 @@ class BookieService(rpc.BookieServicer):
         return pb.ReadLacResponse(status=pb.OK, lac=lac, last_entry_body=body)
 
     async def WriteLac(self, request, context):
+        await self._authorize(context, Operation.WRITE_LAC)
         try:
             status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:
@@ -336,18 +360,21 @@ class BookieService(rpc.BookieServicer):
         return pb.WriteLacResponse(status=status, message=why)
 
     async def Info(self, request, context):
+        await self._authorize(context, Operation.INFO)
         free, total = self.bookie.disk_space()
         return pb.InfoResponse(bookie_id=self.bookie_id, read_only=self.bookie.read_only, free_bytes=free,
                                total_bytes=total, version=self.version, zone=self.zone,
                                ledger_count=len(self.bookie.ledgers))
 
     async def ListEntries(self, request, context):
+        await self._authorize(context, Operation.LIST)
         if not self.bookie.has_ledger(request.ledger_id):
             return pb.ListEntriesResponse(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, request.ledger_id))
         ranges = self.bookie.list_entries(request.ledger_id)
         return pb.ListEntriesResponse(status=pb.OK, ranges=[pb.EntryRange(first=a, last=b) for a, b in ranges])
 
     async def ListLedgers(self, request, context):
+        await self._authorize(context, Operation.LIST)
         return pb.ListLedgersResponse(ledger_ids=sorted(self.bookie.ledgers))
 
 
@@ -450,15 +477,17 @@ def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
 
 
-def make_server(service: BookieService, address: str) -> grpc.aio.Server:
-    """A grpc.aio server with the service bound to address (host:port). A message bigger than
-    the service's max_message_size ends its call with RESOURCE_EXHAUSTED."""
+def make_server(service: BookieService, address: str,
+                tls: ReloadingServerCredentials | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with the service bound to address (host:port), over TLS with `tls`
+    (certificates follow their files). A message bigger than the service's max_message_size ends
+    its call with RESOURCE_EXHAUSTED."""
     size = service.limits.max_message_size
     server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", size),
                                       ("grpc.max_send_message_length", size)])
     server.add_generic_rpc_handlers((_method_handlers(service),))
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.credentials) if tls else server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises "Failed to bind to address" when the port is taken
         raise OSError(f"cannot listen for gRPC on {address}: the port is in use or the address is not "
                       f"this host's ({exc})") from None

@@ -12,6 +12,7 @@ from pybk.bookie.client import BookieClient
 from pybk.entry import DigestType, master_key, password_hash
 from pybk.meta import LedgerMetadata, MetadataStore
 from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedger
+from pybk.security.settings import ClientSecurity
 
 from . import placement, quorum
 from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError,
@@ -37,18 +38,23 @@ class ClientOptions:
 class BookKeeper:
     """A connection to a pybk cluster (metadata store + bookies)."""
 
-    def __init__(self, store: MetadataStore, options: ClientOptions | None = None):
+    def __init__(self, store: MetadataStore, options: ClientOptions | None = None,
+                 security: ClientSecurity | None = None):
         self.store = store
         self.options = options or ClientOptions()
+        self.security = security if security is not None else ClientSecurity.from_env()
         self._addresses: dict[str, str] = {}
         self._clients: dict[str, asyncio.Future] = {}
         self._handles: weakref.WeakSet = weakref.WeakSet()
         self.digest_mismatches = 0
 
     @classmethod
-    async def connect(cls, uri: str, options: ClientOptions | None = None) -> "BookKeeper":
-        """Connect to the metadata service at `uri` (etcd://host:port[,host:port]/prefix)."""
-        return cls(await MetadataStore.connect(uri), options)
+    async def connect(cls, uri: str, options: ClientOptions | None = None,
+                      security: ClientSecurity | None = None) -> "BookKeeper":
+        """Connect to the metadata service at `uri` (etcd://host:port[,host:port]/prefix). Bookies
+        are called with `security` (TLS files, token file), by default `ClientSecurity.from_env()`
+        (the client variables of pybk.security.settings.ENV)."""
+        return cls(await MetadataStore.connect(uri), options, security)
 
     async def __aenter__(self) -> "BookKeeper":
         return self
@@ -172,7 +178,7 @@ class BookKeeper:
         fut = self._clients.get(bookie_id)
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
             async def connect():
-                return await BookieClient.connect(await self._address(bookie_id))
+                return await BookieClient.connect(await self._address(bookie_id), security=self.security)
             fut = self._clients[bookie_id] = asyncio.ensure_future(connect())
         try:
             return await asyncio.shield(fut)

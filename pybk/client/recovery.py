@@ -36,7 +36,8 @@ from pybk.entry import master_key as make_master_key
 from pybk.meta.ledgers import Change, Fragment, LedgerMetadata, LedgerState, Unchanged
 
 from .ensemble_change import next_ensemble, with_fragment
-from .errors import LedgerRecoveryError, NotEnoughBookiesError, UnauthorizedError, status_of
+from .errors import (AccessDeniedError, LedgerRecoveryError, NotEnoughBookiesError, UnauthorizedError,
+                     status_of)
 from .quorum import RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision
 
 log = logging.getLogger("pybk.client")
@@ -89,6 +90,8 @@ async def _fence(bk, md, mk: bytes) -> int:
                 except Exception as e:
                     if status_of(e) is Status.UNAUTHORIZED:
                         raise UnauthorizedError(f"bookie refused to fence ledger {lid}: wrong password ({e})")
+                    if status_of(e) is Status.ACCESS_DENIED:
+                        raise AccessDeniedError(f"bookie refused to fence ledger {lid}: {e}")
                     errors.append(str(e))
                     continue
                 answers[i] = lac
@@ -273,6 +276,8 @@ async def _rewrite_batch(bk, view: LedgerMetadata, mk: bytes, first: int, bodies
         elif fut.exception() is not None:
             if status_of(fut.exception()) is Status.UNAUTHORIZED:
                 raise UnauthorizedError(f"bookie {b} refused the master key of ledger {lid}: {fut.exception()}")
+            if status_of(fut.exception()) is Status.ACCESS_DENIED:
+                raise AccessDeniedError(f"bookie {b} refused a recovery add to ledger {lid}: {fut.exception()}")
             failures[i][b] = str(fut.exception())
     return failures
 

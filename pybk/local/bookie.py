@@ -50,12 +50,25 @@ class BookieProcess(ChildProcess):
         return f"{self.host}:{self.port}"
 
     @property
+    def tls(self) -> bool:
+        """Whether its ports serve TLS (it was given tls_cert)."""
+        return bool(self.options.get("tls_cert"))
+
+    @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
+    def _ssl(self):
+        """The client SSLContext for its admin HTTP (verifying with its own tls_ca), or None."""
+        if not self.tls:
+            return None
+        from pybk.security.settings import ClientSecurity
+        from pybk.security.tls import client_ssl_context
+        return client_ssl_context(ClientSecurity(tls_ca=str(self.options["tls_ca"])))
 
     def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+            with urllib.request.urlopen(self.http_url + path, timeout=timeout, context=self._ssl()) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
@@ -64,7 +77,7 @@ class BookieProcess(ChildProcess):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.http_url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as resp:
             return json.loads(resp.read())
 
     def is_ready(self) -> bool:

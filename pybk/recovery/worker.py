@@ -241,7 +241,7 @@ class ReplicationWorker:
         from pybk.client.recovery import recover
         log.info("ledger %d: open past the grace period with a lost bookie in its last fragment; "
                  "fencing and recovering it", md.ledger_id)
-        bk = await BookKeeper.connect(self.metadata_uri)
+        bk = await BookKeeper.connect(self.metadata_uri, security=self.pool.security)
         try:
             await recover(bk, await bk.ledger_metadata(md.ledger_id), password, master_key=mkey)
         finally:
