@@ -182,7 +182,7 @@ DEFAULT_OPEN_HTTP_PATHS = ("/heartbeat", "/metrics", "/api/v1/bookie/is_ready")
 SERVER_AUTH = (
     Option("auth_file", "who may call this server, as which role (YAML: tokens and certificate subjects, see "
            "docs/security.md); setting it turns authentication on; re-read when it changes", metavar="FILE"),
-    Option("open_http_paths", "admin HTTP paths anyone may GET without credentials", list(DEFAULT_OPEN_HTTP_PATHS),
+    Option("open_http_paths", "admin HTTP paths anyone may GET without credentials (a flag value may also list several, comma-separated)", list(DEFAULT_OPEN_HTTP_PATHS),
            repeatable=True, metavar="PATH"),
     Option("tls_client_auth", "require a client certificate signed by tls_ca on the gRPC port (mTLS): callers "
            "are then known by certificate too. gRPC cannot ask for an optional one, so without it gRPC callers "

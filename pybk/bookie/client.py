@@ -38,9 +38,9 @@ class Status(enum.IntEnum):
     FENCED = pb.FENCED
     READ_ONLY = pb.READ_ONLY
     TOO_MANY_REQUESTS = pb.TOO_MANY_REQUESTS
-    # Not a status of the proto: the bookie ended the call UNAUTHENTICATED or PERMISSION_DENIED
-    # (no or an unknown credential, or a role too low). No other bookie would answer otherwise.
-    ACCESS_DENIED = 100
+    # the caller's credential was refused (no or an unknown one, or a role too low): an add's
+    # answer, or a call that ended UNAUTHENTICATED or PERMISSION_DENIED. Every bookie would refuse.
+    ACCESS_DENIED = pb.ACCESS_DENIED
 
 
 class BookieError(Exception):
@@ -67,6 +67,20 @@ class BookieAccessDeniedError(BookieError):
     def __init__(self, grpc_code: grpc.StatusCode, message: str, address: str = ""):
         self.grpc_code = grpc_code
         super().__init__(Status.ACCESS_DENIED, f"{grpc_code.name}: {message}", address)
+
+
+def _denied_code(message: str) -> grpc.StatusCode:
+    """The gRPC code an add's ACCESS_DENIED answer stands for (its message starts with it)."""
+    return grpc.StatusCode.UNAUTHENTICATED if message.startswith("UNAUTHENTICATED") \
+        else grpc.StatusCode.PERMISSION_DENIED
+
+
+def add_error(status: int, message: str, address: str) -> BookieError:
+    """The error of an add the bookie answered with a status other than OK."""
+    if status == pb.ACCESS_DENIED:
+        code = _denied_code(message)
+        return BookieAccessDeniedError(code, message.removeprefix(f"{code.name}: "), address)
+    return BookieError(_ERRORS.get(status, Status.IO_ERROR), message, address)
 
 
 _DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
@@ -411,12 +425,11 @@ class _AddStream:
                         if status == 0:
                             done.set_result(None)
                         else:
-                            done.set_exception(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message,
-                                                           client.address))
+                            done.set_exception(add_error(status, r.message, client.address))
                     elif status == 0:
                         done(None)
                     else:
-                        done(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message, client.address))
+                        done(add_error(status, r.message, client.address))
                 self.inflight.pop(first, None)
                 client._batch_done()
             self.fail(BookieUnavailableError("add stream ended", client.address))

@@ -161,29 +161,45 @@ class BookieService(rpc.BookieServicer):
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
 
-    async def _authorize(self, context, operation: Operation) -> Principal:
-        """The caller's Principal if its role allows `operation` (OPEN when authentication is
-        off); otherwise the call ends UNAUTHENTICATED or PERMISSION_DENIED, the message naming the
-        cause. Every RPC calls this first: the one place a bookie decides who may do what."""
+    def _decide(self, context, operation: Operation) -> tuple[Principal | None, grpc.StatusCode | None, str]:
+        """(the caller's Principal, None, "") if its role allows `operation` (OPEN when
+        authentication is off), else (None, UNAUTHENTICATED or PERMISSION_DENIED, why). The one
+        place a bookie decides who may do what; every RPC asks it first."""
         auth = self.authenticator
         if auth is None or not auth.enabled:
-            return OPEN
+            return OPEN, None, ""
         try:
-            return auth.authorize_grpc(context, operation)
+            return auth.authorize_grpc(context, operation), None, ""
         except AccessDenied as exc:
             log.info("refused %s from %s: %s", operation.value, context.peer(), exc.message)
             code = grpc.StatusCode.UNAUTHENTICATED if exc.denial is Denial.UNAUTHENTICATED \
                 else grpc.StatusCode.PERMISSION_DENIED
-            await context.abort(code, f"{operation.value} refused: {exc.message}")
-            raise  # abort raises; this line is never reached
+            return None, code, f"{operation.value} refused: {exc.message}"
+
+    async def _authorize(self, context, operation: Operation) -> Principal:
+        """The caller's Principal if it may perform `operation`; otherwise the call ends
+        UNAUTHENTICATED or PERMISSION_DENIED, the message naming the cause."""
+        principal, code, why = self._decide(context, operation)
+        if principal is None:
+            await context.abort(code, why)
+        return principal
+
+    def _authorize_stream(self, context, operation: Operation) -> tuple[Principal | None, str]:
+        """For the Add stream: (Principal, "") or (None, why), why starting with the gRPC code's
+        name, as the message of the ACCESS_DENIED answers."""
+        principal, code, why = self._decide(context, operation)
+        return principal, "" if principal is not None else f"{code.name}: {why}"
 
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
         each batch becomes durable, one AddResults per AddBatch. The request iterator yields
         (batch, its size on the wire). A batch that would take the bytes in flight (received, not
         yet durable) of this stream or of the bookie past their caps is answered TOO_MANY_REQUESTS
-        at once; one batch alone always passes. The caller is authorized once, at stream start."""
-        principal = await self._authorize(context, Operation.ADD)
+        at once; one batch alone always passes. An allowed caller is authorized once, at stream
+        start; a refused one gets every entry answered ACCESS_DENIED and is looked at again with
+        each batch (the auth file may have changed). Ending the stream instead would race with the
+        client's sending and reach it as INTERNAL."""
+        principal, denied = self._authorize_stream(context, Operation.ADD)
         bookie = self.bookie
         limits = self.limits
         conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
@@ -204,9 +220,15 @@ class BookieService(rpc.BookieServicer):
             done.put_nowait(_add_results(batch, results, error, bookie.metrics))
 
         async def reader():
+            nonlocal principal, denied
             try:
                 async for batch, nbytes in request_iterator:
                     state["outstanding"] += 1
+                    if denied:
+                        principal, denied = self._authorize_stream(context, Operation.ADD)
+                    if denied:
+                        finish(batch, [(i, pb.ACCESS_DENIED, denied) for i in range(len(batch.entries))], None, 0)
+                        continue
                     bookie.metrics.add_batch_size.observe(len(batch.entries))
                     refusal = _over_cap(state["bytes"], nbytes, conn_cap, "on this connection",
                                         "max_add_bytes_in_flight_per_connection") or \

@@ -18,6 +18,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCED: _ClassVar[Status]
     READ_ONLY: _ClassVar[Status]
     TOO_MANY_REQUESTS: _ClassVar[Status]
+    ACCESS_DENIED: _ClassVar[Status]
 
 class AddFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ UNAUTHORIZED: Status
 FENCED: Status
 READ_ONLY: Status
 TOO_MANY_REQUESTS: Status
+ACCESS_DENIED: Status
 ADD_NONE: AddFlag
 RECOVERY_ADD: AddFlag
 READ_NONE: ReadFlag

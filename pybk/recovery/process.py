@@ -35,8 +35,21 @@ class AutoRecoveryProcess(ChildProcess):
         super().__init__(self.recovery_name, argv, Path(log_path))
 
     @property
+    def tls(self) -> bool:
+        """Whether its admin HTTP serves TLS (it was given tls_cert)."""
+        return bool(self.options.get("tls_cert"))
+
+    @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
+    def _ssl(self):
+        """The client SSLContext for its admin HTTP (verifying with its own tls_ca), or None."""
+        if not self.tls:
+            return None
+        from pybk.security.settings import ClientSecurity
+        from pybk.security.tls import client_ssl_context
+        return client_ssl_context(ClientSecurity(tls_ca=str(self.options["tls_ca"])))
 
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10.0):
         """(status, parsed JSON body) of an admin API call."""
@@ -44,13 +57,13 @@ class AutoRecoveryProcess(ChildProcess):
         req = urllib.request.Request(self.http_url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
 
     def is_ready(self) -> bool:
-        with urllib.request.urlopen(self.http_url + "/heartbeat", timeout=1.0) as resp:
+        with urllib.request.urlopen(self.http_url + "/heartbeat", timeout=1.0, context=self._ssl()) as resp:
             return resp.status == 200
 
     def start(self, timeout: float = 60.0, wait: bool = True) -> "AutoRecoveryProcess":

@@ -59,7 +59,8 @@ class ServerSecurity:
             from .tls import check_identity
             check_identity(tls)
         authenticator = Authenticator(cfg.get("auth_file") or None)
-        open_paths = tuple(cfg.get("open_http_paths") or ())
+        open_paths = tuple(p.strip() for item in cfg.get("open_http_paths") or () for p in str(item).split(",")
+                           if p.strip())
         return cls(tls, authenticator, open_paths, ClientSecurity.from_mapping(cfg))
 
     @property

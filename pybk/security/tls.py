@@ -115,7 +115,8 @@ def check_identity(tls: ServerTls, now: datetime.datetime | None = None) -> Iden
     cert_pem = _read(tls.cert, "certificate")
     key_pem = _read(tls.key, "private key")
     ca_pem = _read(tls.ca, "CA bundle") if tls.ca else None
-    cert = _load_certs(tls.cert, cert_pem, "certificate")[0]
+    chain = _load_certs(tls.cert, cert_pem, "certificate")
+    cert = chain[0]
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
@@ -126,10 +127,24 @@ def check_identity(tls: ServerTls, now: datetime.datetime | None = None) -> Iden
             cert.public_key().public_bytes(serialization.Encoding.DER, spki):
         raise CertificateError(f"{tls.key}: key does not match certificate {tls.cert}")
     if ca_pem is not None:
-        cas = _load_certs(tls.ca, ca_pem, "CA bundle")
-        if not any(_issued_by(cert, ca) for ca in cas):
+        if not _chains_to(chain, _load_certs(tls.ca, ca_pem, "CA bundle")):
             raise CertificateError(f"{tls.cert}: not signed by the CA in {tls.ca}")
     return Identity(cert_pem, key_pem, ca_pem, _common_name(cert), cert.serial_number, cert.not_valid_after_utc)
+
+
+def _chains_to(chain: list[x509.Certificate], cas: list[x509.Certificate]) -> bool:
+    """Whether the first certificate of `chain` was issued by one of `cas`, directly or through
+    the intermediates that follow it in its file."""
+    current, rest = chain[0], list(chain[1:])
+    for _ in range(len(chain)):
+        if any(_issued_by(current, ca) for ca in cas):
+            return True
+        issuer = next((c for c in rest if _issued_by(current, c)), None)
+        if issuer is None:
+            return False
+        rest.remove(issuer)
+        current = issuer
+    return False
 
 
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
@@ -268,7 +283,8 @@ def _client_check(security: ClientSecurity) -> tuple[bytes, bytes | None, bytes 
                                f"tls_cert and tls_key")
     if not security.tls_cert:
         return ca_pem, None, None
-    identity = check_identity(ServerTls(security.tls_cert, security.tls_key, security.tls_ca))
+    # the CA checked here verifies servers; the client certificate is for the servers' CA to judge
+    identity = check_identity(ServerTls(security.tls_cert, security.tls_key))
     return ca_pem, identity.key_pem, identity.cert_pem
 
 
