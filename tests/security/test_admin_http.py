@@ -17,12 +17,16 @@ STATE_CHANGES = [("PUT", "/api/v1/bookie/state/readonly", {"readOnly": True}),
                  ("POST", "/api/v1/bookie/scrub", None)]
 
 
+def data(eid: int) -> bytes:
+    return entry.encode(1, eid, eid - 1, f"entry {eid}".encode())
+
+
 async def still_writable(bookie, pki, eid: int) -> None:
-    """The bookie takes an add and reads it back, and says it is not read-only."""
+    """The bookie takes entry `eid`, still holds every entry before it unchanged, and says it is
+    not read-only."""
     async with await BookieClient.connect(bookie.address, security=pki.client("writer")) as c:
-        data = entry.encode(1, eid, eid - 1, b"after the refused call")
-        await c.add(1, eid, data, master_key=KEY)
-        assert await c.read(1, eid) == data
+        await c.add(1, eid, data(eid), master_key=KEY)
+        assert [(e, b) async for e, b in c.read_range(1, 0, eid)] == [(i, data(i)) for i in range(eid + 1)]
         assert (await c.info())["read_only"] is False
 
 
@@ -30,6 +34,7 @@ async def still_writable(bookie, pki, eid: int) -> None:
 async def test_state_changes_without_admin_are_refused_and_change_nothing(bookies, pki, method, path, body):
     b, = bookies(1, **pki.bookie_options())
     url = b.http_url + path
+    await still_writable(b, pki, 0)
     status, answer = await asyncio.to_thread(pki.http, url, method, None, body)
     assert status == 401 and "no credential" in answer["error"], answer
     status, answer = await asyncio.to_thread(pki.http, url, method, None, body, "forged-token")
@@ -38,7 +43,7 @@ async def test_state_changes_without_admin_are_refused_and_change_nothing(bookie
         status, answer = await asyncio.to_thread(pki.http, url, method, role, body)
         assert status == 403, (role, answer)
         assert f"{role}-client has role {role}" in answer["error"] and "needs role admin" in answer["error"]
-    await still_writable(b, pki, 0)
+    await still_writable(b, pki, 1)
     status, answer = await asyncio.to_thread(pki.http, b.http_url + "/api/v1/bookie/state", "GET", "reader")
     assert status == 200 and answer["readOnly"] is False and answer["readOnlyForced"] is False
 
@@ -78,6 +83,7 @@ async def test_autorecovery_decommission_and_audit_need_admin(bookies, pki, meta
     try:
         assert ar.http_url.startswith("https://")
         decommission = ar.http_url + "/api/v1/autorecovery/decommission"
+        await still_writable(bookie, pki, 0)
         for role, code in ((None, 401), ("reader", 403), ("writer", 403)):
             status, answer = await asyncio.to_thread(pki.http, decommission, "POST", role,
                                                      {"bookie_id": bookie.bookie_id})
@@ -85,7 +91,7 @@ async def test_autorecovery_decommission_and_audit_need_admin(bookies, pki, meta
             status, answer = await asyncio.to_thread(pki.http, ar.http_url + "/api/v1/autorecovery/trigger_audit",
                                                      "PUT", role)
             assert status == code and "error" in answer, (role, answer)
-        await still_writable(bookie, pki, 0)
+        await still_writable(bookie, pki, 1)
         status, answer = await asyncio.to_thread(pki.http, ar.http_url + "/api/v1/autorecovery/status", "GET",
                                                  "reader")
         assert status == 200, answer
