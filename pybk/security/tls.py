@@ -242,28 +242,38 @@ def grpc_server_credentials(tls: ServerTls) -> ReloadingServerCredentials:
 
 class ReloadingSSLContext:
     """An `ssl.SSLContext` for an aiohttp server whose certificate follows the files: before each
-    handshake (SNI callback) the files' times are looked at and a changed, good set is loaded into
-    the same context. Client certificates are optional and, when sent, verified against tls_ca."""
+    handshake (the SNI callback, called for every ClientHello) the files' times are looked at and
+    a changed, good set is loaded into the same context (for the connections to come) and into a
+    fresh one handed to the connection in progress, which was created with the old certificate.
+    Client certificates are optional and, when sent, verified against tls_ca."""
 
     def __init__(self, tls: ServerTls):
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.watched = _Watched(tls, on_change=self._load)
-        self._load(self.watched.identity)
-        if tls.ca:
-            self.context.verify_mode = ssl.CERT_OPTIONAL
-        self.context.sni_callback = self._sni
+        self.watched = _Watched(tls)
+        self.context = self._new_context()
+        self.watched._on_change = self._reload
 
-    def _load(self, identity: Identity) -> None:
+    def _new_context(self) -> ssl.SSLContext:
         tls = self.watched.tls
-        # load_cert_chain reads files; the checked contents are what the files hold now
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(tls.cert, tls.key)
+        ca_pem = self.watched.identity.ca_pem
+        if ca_pem:
+            ctx.load_verify_locations(cadata=ca_pem.decode())
+            ctx.verify_mode = ssl.CERT_OPTIONAL
+        ctx.sni_callback = self._sni
+        return ctx
+
+    def _reload(self, identity: Identity) -> None:
+        tls = self.watched.tls
         self.context.load_cert_chain(tls.cert, tls.key)
         if identity.ca_pem:
             self.context.load_verify_locations(cadata=identity.ca_pem.decode())
 
     def _sni(self, sslobj, server_name, context) -> None:
         try:
-            self.watched.poll()
+            if self.watched.poll() is not None:
+                sslobj.context = self._new_context()
         except Exception:  # noqa: BLE001 - never fail a handshake over the reload check
             log.exception("TLS reload check failed")
         return None
