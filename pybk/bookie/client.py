@@ -370,14 +370,15 @@ class BookieClient:
         return list(res.ledger_ids)
 
     async def info(self) -> dict:
-        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count."""
+        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count, and who the
+        bookie takes this client for: caller (a name) and caller_role (reader, writer or admin)."""
         try:
             res = await self._stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         return {"bookie_id": res.bookie_id, "read_only": res.read_only, "free_bytes": res.free_bytes,
                 "total_bytes": res.total_bytes, "version": res.version, "zone": res.zone,
-                "ledger_count": res.ledger_count}
+                "ledger_count": res.ledger_count, "caller": res.caller, "caller_role": res.caller_role}
 
     def _rpc_error(self, exc: grpc.aio.AioRpcError) -> BookieError:
         return rpc_error(exc, self.address, self.security.tls)

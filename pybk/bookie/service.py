@@ -382,11 +382,12 @@ class BookieService(rpc.BookieServicer):
         return pb.WriteLacResponse(status=status, message=why)
 
     async def Info(self, request, context):
-        await self._authorize(context, Operation.INFO)
+        principal = await self._authorize(context, Operation.INFO)
         free, total = self.bookie.disk_space()
         return pb.InfoResponse(bookie_id=self.bookie_id, read_only=self.bookie.read_only, free_bytes=free,
                                total_bytes=total, version=self.version, zone=self.zone,
-                               ledger_count=len(self.bookie.ledgers))
+                               ledger_count=len(self.bookie.ledgers), caller=principal.name,
+                               caller_role=str(principal.role))
 
     async def ListEntries(self, request, context):
         await self._authorize(context, Operation.LIST)

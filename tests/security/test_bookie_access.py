@@ -97,3 +97,15 @@ async def test_writer_adds_fences_and_writes_lac(bookies, pki):
         await c.write_lac(LEDGER, 4, KEY)
         assert await c.fence(LEDGER, KEY) == 4
     assert await stored(b, pki) == (written, 4)
+
+
+async def test_info_tells_the_caller_who_the_bookie_takes_it_for(bookies, pki):
+    secured, = bookies(1, metadata_uri=None, **pki.bookie_options())
+    for role in ("reader", "writer", "admin"):
+        async with await BookieClient.connect(secured.address, security=pki.client(role)) as c:
+            info = await c.info()
+        assert (info["caller"], info["caller_role"]) == (f"{role}-client", role)
+    open_bookie, = bookies(1, metadata_uri=None)
+    async with await BookieClient.connect(open_bookie.address) as c:
+        info = await c.info()
+    assert info["caller_role"] == "admin" and "security off" in info["caller"]
