@@ -58,26 +58,23 @@ class BookieProcess(ChildProcess):
     def http_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
-    def _ssl(self):
-        """The client SSLContext for its admin HTTP (verifying with its own tls_ca), or None."""
-        if not self.tls:
-            return None
+    @property
+    def http_security(self):
+        """What its admin HTTP is called with: its own tls_* (verifying with its tls_ca) and token_file."""
         from pybk.security.settings import ClientSecurity
-        from pybk.security.tls import client_ssl_context
-        return client_ssl_context(ClientSecurity(tls_ca=str(self.options["tls_ca"])))
+        return ClientSecurity.from_mapping(self.options)
 
     def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        from pybk.security.web import admin_urlopen
         try:
-            with urllib.request.urlopen(self.http_url + path, timeout=timeout, context=self._ssl()) as resp:
+            with admin_urlopen(self.http_url + path, self.http_security, timeout=timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 5.0):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.http_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as resp:
+        from pybk.security.web import admin_urlopen
+        with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
             return json.loads(resp.read())
 
     def is_ready(self) -> bool:

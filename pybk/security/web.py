@@ -9,8 +9,10 @@ JSON body whose `error` names the cause.
 """
 from __future__ import annotations
 
+import json
 import ssl
-from typing import Iterable
+import urllib.request
+from typing import Any, Iterable
 
 from aiohttp import web
 
@@ -18,7 +20,8 @@ from .auth import AccessDenied, Authenticator, Denial
 from .roles import Operation
 from .settings import ClientSecurity
 
-__all__ = ["READ_METHODS", "admin_headers", "admin_middleware", "admin_ssl", "operation_of", "with_scheme"]
+__all__ = ["READ_METHODS", "admin_headers", "admin_middleware", "admin_ssl", "admin_urlopen", "operation_of",
+           "with_scheme"]
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -67,6 +70,20 @@ def admin_headers(security: ClientSecurity) -> dict[str, str]:
     """The Authorization header carrying the bearer token, if there is one."""
     token = security.token()
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def admin_urlopen(url: str, security: ClientSecurity, method: str = "GET", body: Any = None,
+                  timeout: float = 10.0):
+    """urllib's urlopen of an admin HTTP call (JSON body) with security's CA and token, for
+    synchronous callers (test harnesses, the local runner); raises HTTPError as urlopen does."""
+    headers = {"Content-Type": "application/json", **admin_headers(security)}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    context = None
+    if security.tls and url.startswith("https:"):
+        from .tls import client_ssl_context
+        context = client_ssl_context(security)
+    return urllib.request.urlopen(request, timeout=timeout, context=context)
 
 
 def with_scheme(address: str, tls: bool) -> str:

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import yaml
 from cryptography import x509
-from conftest import served_certificate
+from security_helpers import served_certificate
 from polling import eventually
 
 from pybk import entry
