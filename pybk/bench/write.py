@@ -4,9 +4,9 @@ cluster (etcd + 3 bookie processes, fsync on) or an existing one (`--metadata-ur
 Measures entries/s, MB/s and add latency p50/p99/p999 at each window (adds in flight; default
 256 and 1), and with `--peer-nats` runs NATS JetStream R3 (fsync always) in the same run with
 the same sizes and windows (a driver script, `PEER_NATS`, that is not yet part of this
-repository; `pip install 'pybk[bench]'`). With `--tls` the same runs are repeated on a second
-local cluster whose bookies serve TLS and check a bearer token on every call (certificates from a
-throwaway CA), and the ratios TLS / plain are printed.
+repository; `pip install 'pybk[bench]'`). With `--tls` a second local cluster runs beside the
+first, its bookies serving TLS and checking a bearer token (certificates from a throwaway CA);
+each window is measured on both in turn and the ratios TLS / plain are printed.
 Prints the exact command.
 """
 from __future__ import annotations
@@ -213,6 +213,16 @@ def run_peer_nats(n: int, size: int, window: int) -> dict:
             **({"stderr": res.stderr[-2000:]} if res.returncode else {})}
 
 
+async def interleaved(args: argparse.Namespace, windows: list[int], plain: tuple, tls: tuple) -> tuple[list, list]:
+    """Each window on the plain cluster, then at once on the TLS one (both running meanwhile), so
+    that a change of the machine's load between runs weighs on both alike."""
+    out_plain, out_tls = [], []
+    for window in windows:
+        out_plain += await bench_writes(*plain, args, [window])
+        out_tls += await bench_writes(*tls[:2], args, [window], tls[2], " TLS+token")
+    return out_plain, out_tls
+
+
 def tls_ratios(plain: list[dict], tls: list[dict]) -> list[dict]:
     """Per window, TLS / plain: entries/s (1.0 = no cost) and p50 latency (1.0 = no cost)."""
     out = []
@@ -252,12 +262,13 @@ def run(args: argparse.Namespace) -> int:
     if args.tls and args.metadata_uri:
         print("pybk bench write: --tls starts its own local clusters; leave out --metadata-uri", file=sys.stderr)
         return 2
-    with cluster(args) as (uri, pids):
-        results = asyncio.run(bench_writes(uri, pids, args, windows))
     if args.tls:
-        with tls_cluster(args) as (uri, pids, security):
-            secured = asyncio.run(bench_writes(uri, pids, args, windows, security, " TLS+token"))
+        with cluster(args) as (uri, pids), tls_cluster(args) as (tls_uri, tls_pids, security):
+            results, secured = asyncio.run(interleaved(args, windows, (uri, pids), (tls_uri, tls_pids, security)))
         results += secured + tls_ratios(results, secured)
+    else:
+        with cluster(args) as (uri, pids):
+            results = asyncio.run(bench_writes(uri, pids, args, windows))
     if args.peer_nats:
         results.append(run_peer_nats(args.entries, args.size, max(windows)))
     print_results(results, command, args.output)
