@@ -3,6 +3,7 @@ authentication, the reader role, re-authentication when etcd forgets tokens, and
 never show."""
 import asyncio
 import logging
+import sys
 
 import grpc
 import pytest
@@ -270,3 +271,28 @@ async def test_bookie_registers_through_a_secured_etcd_with_no_secret_in_argv_or
     assert str(secure_etcd.password_files["pybk"]) in seen
     for secret in (ROOT_PASSWORD, *PASSWORDS.values()):
         assert secret not in seen
+
+
+async def test_etcd_auth_command_turns_auth_on_with_passwords_from_files(etcd, tmp_path):
+    files = {name: write_private(tmp_path / name, f"{name}-pw-5e0c7a\n".encode()) for name in ("root", "w", "r")}
+    argv = [sys.executable, "-m", "pybk.meta.etcd_auth", "--metadata-uri", etcd.metadata_uri("pybk"),
+            "--root-password-file", str(files["root"]), "--user", f"w={files['w']}:readwrite",
+            "--user", f"r={files['r']}:read"]
+    for _ in range(2):
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
+        assert proc.returncode == 0, out
+        assert "etcd authentication is on for /pybk/ (2 user(s) besides root)" in out
+    with pytest.raises(MetadataAuthError):
+        await connect(etcd.metadata_uri("pybk"))
+    writer = await connect(etcd.metadata_uri("pybk", user="w", password_file=str(files["w"])))
+    reader = await connect(etcd.metadata_uri("pybk", user="r", password_file=str(files["r"])))
+    try:
+        md = await writer.ledgers.create(ENSEMBLE, 2, 2)
+        assert await reader.ledgers.get(md.ledger_id) == md
+        with pytest.raises(MetadataPermissionError):
+            await reader.ledgers.delete(md.ledger_id)
+    finally:
+        await reader.close()
+        await writer.close()
