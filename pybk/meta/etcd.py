@@ -19,6 +19,7 @@ import asyncio
 import enum
 import ipaddress
 import logging
+import os
 import re
 import socket
 from typing import Sequence
@@ -134,6 +135,21 @@ def channel_credentials(uri: MetadataUri) -> grpc.ChannelCredentials | None:
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
 
+def tls_stamp(uri: MetadataUri) -> tuple | None:
+    """What identifies the current content of the URI's TLS files (size and mtime, following
+    symbolic links as Kubernetes' Secret volumes use), to notice a rotation; None without TLS."""
+    if not uri.tls:
+        return None
+    stamp = []
+    for path in (uri.tls_ca, uri.tls_cert, uri.tls_key):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        stamp.append((st.st_size, st.st_mtime_ns) if st else None)
+    return tuple(stamp)
+
+
 def read_password(uri: MetadataUri) -> str:
     """The etcd user's password from password_file (read each time: the file may be rotated)."""
     return read_secret("password_file", uri.password_file)
@@ -203,18 +219,44 @@ class Etcd:
         self.uri = uri
         self.endpoints = uri.endpoint_text
         self.timeout = uri.timeout
+        self._tls_stamp = tls_stamp(uri)
         self._credentials = channel_credentials(uri)
         if uri.user:
             read_password(uri)
         self.token: str | None = None
         self._auth_off = False
         self._auth_lock = asyncio.Lock()
+        self.channel_generation = 0  # bumped when the TLS files changed and a new channel replaced the old
+        self._open_stubs()
+
+    def _open_stubs(self) -> None:
         self.channel = self.open_channel(grpc.aio)
         self.kv = rpc.KVStub(self.channel)
         self.lease = rpc.LeaseStub(self.channel)
         self.watch = rpc.WatchStub(self.channel)
         self.maintenance = rpc.MaintenanceStub(self.channel)
         self.auth = rpc.AuthStub(self.channel)
+
+    async def reload_tls(self) -> bool:
+        """If the TLS files changed since the channel was made (a rotated Secret), replace the
+        channel by one with the new files (calls waiting on the old one end) and say so. Files
+        that do not load are logged, naming the file, and the old ones stay in use."""
+        stamp = tls_stamp(self.uri)
+        if stamp == self._tls_stamp:
+            return False
+        self._tls_stamp = stamp
+        try:
+            credentials = channel_credentials(self.uri)
+        except MetadataError as exc:
+            log.warning("TLS files for etcd at %s changed but do not load, keeping the old ones: %s",
+                        self.endpoints, exc)
+            return False
+        old, self._credentials = self.channel, credentials
+        self._open_stubs()
+        self.channel_generation += 1
+        log.warning("TLS files for etcd at %s changed; reconnecting with them", self.endpoints)
+        await old.close()
+        return True
 
     def open_channel(self, kind=grpc.aio):
         """A new channel to the URI's endpoints (kind: grpc.aio, or grpc for a synchronous one),
@@ -303,6 +345,8 @@ class Etcd:
         last = await self._connect_failure() if exc.code() in _UNAVAILABLE else None
         tls = tls_failure(last, self.uri) if last else None
         if tls:
+            if await self.reload_tls():
+                tls += " (the TLS files have changed since: reconnecting with them)"
             return MetadataTlsError(self.endpoints, tls)
         return self.error(exc, what, last)
 

@@ -46,6 +46,7 @@ class LeaseKeeper(threading.Thread):
         self.lease: int | None = None
         self.status: tuple[int | None, float, bool] = (None, 0.0, True)
         self.refused_token: str | None = None  # a token etcd refused a keepalive for (the loop renews it)
+        self._generation = etcd.channel_generation
         self._channel = etcd.open_channel(grpc)
         self._stub = rpc.LeaseStub(self._channel)
         self._stopping = threading.Event()
@@ -57,9 +58,18 @@ class LeaseKeeper(threading.Thread):
 
     def run(self) -> None:
         while not self._stopping.is_set():
+            if self._generation != self.etcd.channel_generation:
+                self._reopen()
             lease = self.lease
             renewed = lease is None or self._renew(lease)
             self._stopping.wait(max(0.1, self.ttl / 3) if renewed else 0.1)
+
+    def _reopen(self) -> None:
+        """A new channel, since the connection's TLS files changed (Etcd.reload_tls)."""
+        self._generation = self.etcd.channel_generation
+        old, self._channel = self._channel, self.etcd.open_channel(grpc)
+        self._stub = rpc.LeaseStub(self._channel)
+        old.close()
 
     def _renew(self, lease: int) -> bool:
         """One keepalive; False if etcd did not answer (the caller retries soon)."""

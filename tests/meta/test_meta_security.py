@@ -296,3 +296,25 @@ async def test_etcd_auth_command_turns_auth_on_with_passwords_from_files(etcd, t
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_live_store_follows_a_rotated_etcd_ca_and_certificate(secure_etcd):
+    store = await connect(secure_etcd.uri("pybk", timeout=1))
+    try:
+        md = await store.ledgers.create(ENSEMBLE, 2, 2)
+        # the Secret is rotated in place: a new CA, etcd's new certificate, the clients' new ca.crt
+        CertificateAuthority.create().write_identity(secure_etcd.files.cert.parent, "etcd", ["127.0.0.1"])
+        secure_etcd.proc.restart()
+        errors = []
+
+        async def closed_through_new_channel():
+            try:
+                return await store.ledgers.cas(md.replace(last_entry_id=2, length=20))
+            except MetadataTlsError as exc:
+                errors.append(str(exc))
+        closed = await eventually(closed_through_new_channel, 60, what="a write after the rotation")
+        assert store.etcd.channel_generation == 1
+        assert any("not signed by the CA" in e and "reconnecting with them" in e for e in errors), errors
+        assert await store.ledgers.get(md.ledger_id) == closed
+    finally:
+        await store.close()
