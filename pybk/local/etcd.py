@@ -113,9 +113,11 @@ class EtcdProcess(ChildProcess):
         with urllib.request.urlopen(self.client_url + "/health", timeout=1, context=context) as resp:
             return b'"health":"true"' in resp.read()
 
-    def start(self, timeout: float = 30.0) -> "EtcdProcess":
+    def start(self, timeout: float = 30.0, wait: bool = True) -> "EtcdProcess":
+        """Start etcd; with wait, return once it answers /health (raise with its log's tail if not)."""
         super().start()
-        self.wait_ready(self.healthy, timeout)
+        if wait:
+            self.wait_ready(self.healthy, timeout)
         return self
 
     def restart(self) -> "EtcdProcess":

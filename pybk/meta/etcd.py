@@ -106,10 +106,10 @@ def tls_failure(details: str, uri: MetadataUri) -> str | None:
                 "from the metadata URI)")
     code, text = m.group(1), (m.group(2) or "").strip()
     reason = f"{code}: {text}" if text else code
+    if "EXPIRED" in code or "expired" in text:
+        return f"{reason}: a certificate has expired (etcd's, or with CERTIFICATE_EXPIRED the client's)"
     if code in ("BAD_SIGNATURE", "CERTIFICATE_VERIFY_FAILED") or "issuer" in text:
         return f"{reason}: etcd's certificate is not signed by the CA in tls_ca={uri.tls_ca}"
-    if "EXPIRED" in code or "expired" in text:
-        return f"{reason}: a certificate has expired"
     if code.startswith("SSLV3_ALERT") or code.startswith("TLSV1_ALERT"):
         mine = f"tls_cert={uri.tls_cert}" if uri.tls_cert else "no tls_cert given"
         return (f"{reason}: etcd refused the client certificate ({mine}); with --client-cert-auth etcd "

@@ -2,7 +2,9 @@
 authentication, the reader role, re-authentication when etcd forgets tokens, and secrets that
 never show."""
 import asyncio
+import datetime
 import logging
+import socket
 import sys
 
 import grpc
@@ -10,6 +12,7 @@ import pytest
 from aetcd import rpc
 from secure_etcd import PASSWORDS, ROOT_PASSWORD
 
+from pybk.local.etcd import EtcdProcess, EtcdTls
 from pybk.meta import (BadMetadataUriError, BookieInfo, MetadataAuthError, MetadataPermissionError,
                        MetadataStore, MetadataTlsError, MetadataUnavailableError, VersionConflictError)
 from pybk.meta.etcd_auth import enable_auth
@@ -318,3 +321,20 @@ async def test_live_store_follows_a_rotated_etcd_ca_and_certificate(secure_etcd)
         assert await store.ledgers.get(md.ledger_id) == closed
     finally:
         await store.close()
+
+
+async def test_expired_etcd_certificate_is_refused_saying_so(tmp_path):
+    ca = CertificateAuthority.create()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    files = ca.write_identity(tmp_path / "tls", "etcd", ["127.0.0.1"], not_before=now - datetime.timedelta(days=2),
+                              not_after=now - datetime.timedelta(days=1))
+    proc = EtcdProcess(tmp_path / "data", tls=EtcdTls(files.cert, files.key, files.ca)).start(wait=False)
+    try:
+        proc.wait_ready(lambda: socket.create_connection((proc.host, proc.client_port), 1).close() is None, 30)
+        with pytest.raises(MetadataTlsError) as err:
+            await connect(proc.metadata_uri("pybk", timeout=1))
+        first = str(err.value).splitlines()[0]
+        assert first.startswith(f"TLS handshake with etcd at {proc.endpoint} failed")
+        assert "certificate has expired" in first and "not signed by" not in first
+    finally:
+        proc.stop()
