@@ -312,14 +312,15 @@ class BookieClient:
         return list(res.ledger_ids)
 
     async def info(self) -> dict:
-        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count."""
+        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count; caller and
+        caller_role: who the bookie takes this client for (role reader/writer/admin)."""
         try:
             res = await self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         return {"bookie_id": res.bookie_id, "read_only": res.read_only, "free_bytes": res.free_bytes,
                 "total_bytes": res.total_bytes, "version": res.version, "zone": res.zone,
-                "ledger_count": res.ledger_count}
+                "ledger_count": res.ledger_count, "caller": res.caller, "caller_role": res.caller_role}
 
     def _rpc_error(self, exc: grpc.aio.AioRpcError) -> BookieError:
         return BookieUnavailableError(f"{exc.code().name}: {exc.details()}", self.address)

@@ -13,9 +13,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pybk.proto import pb, rpc
+from pybk.security.roles import OPEN, Operation, Principal
 
 from .bookie import Bookie, BookieStorageError
 from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
+from .keys import KeyGate
+from .state import KEY_MISSING, LOOKUP, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
 
@@ -148,14 +151,38 @@ class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
     def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), keys: KeyGate | None = None):
         self.bookie = bookie
+        self.keys = keys  # first keys of ledgers are checked against the metadata (None: no metadata)
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
         self.limits = limits
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
+
+    # ---- ledger rights: first keys checked against the metadata, keyless recovery for admins ----
+
+    def _principal(self, context) -> Principal:
+        """Who is calling (placeholder: everyone is OPEN; authentication replaces this body)."""
+        return OPEN
+
+    async def _add_checked(self, entries, errors: list[tuple[int, int, str]], fut, keyless: bool):
+        """Add again the entries add_batch answered LOOKUP, once the metadata of their ledgers is
+        read; returns the batch's merged (errors, future)."""
+        pending = [i for i, status, _ in errors if status == LOOKUP]
+        found = await self.keys.lookup(entries[i].ledger_id for i in pending)
+        again, fut2 = self.bookie.add_batch([entries[i] for i in pending], keyless, self.keys.admit_from(found))
+        merged = [err for err in errors if err[1] != LOOKUP] + [(pending[j], s, m) for j, s, m in again]
+        if fut is None or fut2 is None:
+            return merged, fut if fut2 is None else fut2
+        return merged, asyncio.gather(fut, fut2)
+
+    async def _admit(self, ledger: int, key: bytes) -> tuple[int, str]:
+        """(OK, "") or why not, for a fence or WriteLac whose key this bookie would record first."""
+        if self.keys is None or not needs_admission(self.bookie.ledgers.get(ledger), key):
+            return pb.OK, ""
+        return await self.keys.check(ledger, key)
 
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
@@ -168,6 +195,9 @@ class BookieService(rpc.BookieServicer):
         conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
         done: asyncio.Queue = asyncio.Queue()
         state = {"outstanding": 0, "eof": False, "bytes": 0}
+        keyless = self._principal(context).may(Operation.KEYLESS_RECOVERY)
+        keys = self.keys
+        admit = keys.admit if keys is not None else None
 
         def release(nbytes: int) -> None:
             state["bytes"] -= nbytes
@@ -198,7 +228,9 @@ class BookieService(rpc.BookieServicer):
                     state["bytes"] += nbytes
                     self.add_bytes_in_flight += nbytes
                     try:
-                        results, fut = bookie.add_batch(batch.entries)
+                        results, fut = bookie.add_batch(batch.entries, keyless, admit)
+                        if results and keys is not None and any(r[1] == LOOKUP for r in results):
+                            results, fut = await self._add_checked(batch.entries, results, fut, keyless)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
                         log.exception("add batch failed")
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
@@ -235,10 +267,15 @@ class BookieService(rpc.BookieServicer):
         m = bookie.metrics
         try:
             if request.flags & pb.FENCE:
-                status, lac = await bookie.fence(ledger, request.master_key)
+                key = request.master_key
+                status, why = await self._admit(ledger, key)
+                if status == pb.OK:
+                    keyless = not key and self._principal(context).may(Operation.KEYLESS_RECOVERY)
+                    status, lac = await bookie.fence(ledger, key, keyless)
+                    why = KEY_MISSING if status == pb.BAD_REQUEST else _why(status, ledger)
                 if status != pb.OK:
                     m.read_errors.labels(pb.Status.Name(status)).inc()
-                    await context.write(pb.ReadResults(status=status, message=_why(status, ledger), lac=-1))
+                    await context.write(pb.ReadResults(status=status, message=why, lac=-1))
                     return
                 if first < 0:
                     await context.write(pb.ReadResults(status=pb.OK, lac=lac))
@@ -329,6 +366,9 @@ class BookieService(rpc.BookieServicer):
         return pb.ReadLacResponse(status=pb.OK, lac=lac, last_entry_body=body)
 
     async def WriteLac(self, request, context):
+        status, why = await self._admit(request.ledger_id, request.master_key)
+        if status != pb.OK:
+            return pb.WriteLacResponse(status=status, message=why)
         try:
             status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:
@@ -337,9 +377,11 @@ class BookieService(rpc.BookieServicer):
 
     async def Info(self, request, context):
         free, total = self.bookie.disk_space()
+        caller = self._principal(context)
         return pb.InfoResponse(bookie_id=self.bookie_id, read_only=self.bookie.read_only, free_bytes=free,
                                total_bytes=total, version=self.version, zone=self.zone,
-                               ledger_count=len(self.bookie.ledgers))
+                               ledger_count=len(self.bookie.ledgers), caller=caller.name,
+                               caller_role=str(caller.role))
 
     async def ListEntries(self, request, context):
         if not self.bookie.has_ledger(request.ledger_id):
