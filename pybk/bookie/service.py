@@ -366,9 +366,10 @@ class BookieService(rpc.BookieServicer):
         return pb.ReadLacResponse(status=pb.OK, lac=lac, last_entry_body=body)
 
     async def WriteLac(self, request, context):
-        status, why = await self._admit(request.ledger_id, request.master_key)
-        if status != pb.OK:
-            return pb.WriteLacResponse(status=status, message=why)
+        if self.bookie.has_ledger(request.ledger_id):  # else NO_LEDGER: WriteLac records no ledger
+            status, why = await self._admit(request.ledger_id, request.master_key)
+            if status != pb.OK:
+                return pb.WriteLacResponse(status=status, message=why)
         try:
             status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:
