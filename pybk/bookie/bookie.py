@@ -843,7 +843,8 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
     Every entry log record whose CRC holds is indexed (a later copy of an entry wins, as in the
     index). Ledger state is rebuilt as far as the files allow: the LAC from the entry headers and
     from the journal's LAC records; master keys from the journal's MASTER_KEY records, else from
-    `master_keys` (the ledger metadata), else empty (the next fence or recovery add sets it). Every
+    `master_keys` (the keys earlier releases stored in ledger metadata), else empty (the next key
+    a writer or reader sends is checked against the ledger's key check in the metadata). Every
     ledger is marked fenced: whether it was fenced went with the index, and a fenced ledger is the
     safe answer (its writer, which this bookie's outage already sent elsewhere, gets FENCED; reads
     and recovery work). Entries of ledgers deleted but not yet compacted away come back until the
