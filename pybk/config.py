@@ -201,9 +201,9 @@ RECOVERY_TUNING = (
     Option("open_ledger_grace", "seconds to leave an open ledger's last fragment to its writer before fencing and "
            "recovering the ledger", _RECOVERY.open_ledger_grace, Number(float, 0)),
     Option("ledger_password", "a ledger password autorecovery may use. Not needed to re-replicate and fence: "
-           "ledger metadata stores the master key bookies check. Needed to verify MAC digests while copying "
-           "(else only length and ids are checked) and for ledgers created before the key was stored. The "
-           "metadata's password hash picks the right one; the empty password is always tried",
+           "autorecovery does that without ledgers' keys, with its admin role. Needed to verify MAC digests "
+           "while copying (else only length and ids are checked). The metadata's password hash picks the "
+           "right one; the empty password is always tried",
            repeatable=True, metavar="PASSWORD", env="PYBK_LEDGER_PASSWORDS"),
     Option("replication_batch", "entries per read/add batch when copying", _RECOVERY.batch_entries, Number(int, 1)),
     Option("parallel_ledgers", "ledgers one worker replicates at once", _RECOVERY.parallel_ledgers,
@@ -263,8 +263,8 @@ BOOKIE = Process("bookie", COMMON + (
            "mark every ledger this bookie is in under-replicated so autorecovery copies the entries back "
            "(without it such a bookie refuses to start)", False, parse_bool),
     Option("rebuild_index", "do not serve: rebuild the LMDB index from the entry logs and the journal (master "
-           "keys also from the ledger metadata with --metadata-uri), keep the old one aside, and exit. Run it "
-           "with the bookie stopped, as the user owning its dirs", False, parse_bool),
+           "keys of ledgers created by earlier releases also from the ledger metadata with --metadata-uri), keep "
+           "the old one aside, and exit. Run it with the bookie stopped, as the user owning its dirs", False, parse_bool),
     Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, Number(float, 0)),
     Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
     Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "

@@ -29,6 +29,7 @@ from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_l
 from .gc import GarbageCollector
 from .http import make_app
 from .index import IndexDamagedError
+from .keys import KeyGate
 from .journal import JournalCorruptError, JournalGapError
 from .registration import Registration
 from .scrub import Scrubber
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 async def rebuild(cfg: dict[str, Any]) -> int:
     """`pybk bookie --rebuild-index`: rebuild the index of a stopped bookie, print a JSON summary.
     Whoever can run it has the bookie's files anyway (it needs their write access); with
-    --metadata-uri it only reads ledger metadata (master keys)."""
+    --metadata-uri it only reads ledger metadata (the master keys ledgers of earlier releases
+    stored; ledgers created now store none, and their writers' keys are checked again)."""
     ledger_dirs = [Path(d) for d in cfg["ledger_dir"]]
     keys: dict[int, bytes] = {}
     if cfg["metadata_uri"]:
@@ -222,8 +224,10 @@ class BookieServer:
             await grpc_server.stop(None)
             http_sock.close()
             raise
-        await grpc_server.start()
         store = self.registration.store if self.registration else None
+        if store is not None:
+            service.keys = KeyGate(store.ledgers)  # before serving: every first key is checked
+        await grpc_server.start()
         if store is not None:
             self.gc = GarbageCollector(self.storage, store.ledgers, self.cfg["gc_interval"])
         self.scrubber = Scrubber(self.storage, self.cfg["scrub_interval"], self.bookie_id,

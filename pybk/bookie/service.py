@@ -19,6 +19,8 @@ from pybk.security.tls import ReloadingServerCredentials
 
 from .bookie import Bookie, BookieStorageError
 from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
+from .keys import KeyGate
+from .state import KEY_MISSING, LOOKUP, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
 
@@ -151,9 +153,11 @@ class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
     def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
-                 limits: Limits = Limits(), authenticator: Authenticator | None = None):
+                 limits: Limits = Limits(), authenticator: Authenticator | None = None,
+                 keys: KeyGate | None = None):
         self.bookie = bookie
         self.authenticator = authenticator
+        self.keys = keys  # first keys of ledgers are checked against the metadata (None: no metadata)
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
@@ -190,6 +194,25 @@ class BookieService(rpc.BookieServicer):
         principal, code, why = self._decide(context, operation)
         return principal, "" if principal is not None else f"{code.name}: {why}"
 
+    # ---- ledger rights: first keys checked against the metadata, keyless recovery for admins ----
+
+    async def _add_checked(self, entries, errors: list[tuple[int, int, str]], fut, keyless: bool):
+        """Add again the entries add_batch answered LOOKUP, once the metadata of their ledgers is
+        read; returns the batch's merged (errors, future)."""
+        pending = [i for i, status, _ in errors if status == LOOKUP]
+        found = await self.keys.lookup(entries[i].ledger_id for i in pending)
+        again, fut2 = self.bookie.add_batch([entries[i] for i in pending], keyless, self.keys.admit_from(found))
+        merged = [err for err in errors if err[1] != LOOKUP] + [(pending[j], s, m) for j, s, m in again]
+        if fut is None or fut2 is None:
+            return merged, fut if fut2 is None else fut2
+        return merged, asyncio.gather(fut, fut2)
+
+    async def _admit(self, ledger: int, key: bytes) -> tuple[int, str]:
+        """(OK, "") or why not, for a fence or WriteLac whose key this bookie would record first."""
+        if self.keys is None or not needs_admission(self.bookie.ledgers.get(ledger), key):
+            return pb.OK, ""
+        return await self.keys.check(ledger, key)
+
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
         each batch becomes durable, one AddResults per AddBatch. The request iterator yields
@@ -205,6 +228,9 @@ class BookieService(rpc.BookieServicer):
         conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
         done: asyncio.Queue = asyncio.Queue()
         state = {"outstanding": 0, "eof": False, "bytes": 0}
+        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
+        keys = self.keys
+        admit = keys.admit if keys is not None else None
 
         def release(nbytes: int) -> None:
             state["bytes"] -= nbytes
@@ -220,12 +246,13 @@ class BookieService(rpc.BookieServicer):
             done.put_nowait(_add_results(batch, results, error, bookie.metrics))
 
         async def reader():
-            nonlocal principal, denied
+            nonlocal principal, denied, keyless
             try:
                 async for batch, nbytes in request_iterator:
                     state["outstanding"] += 1
                     if denied:
                         principal, denied = self._authorize_stream(context, Operation.ADD)
+                        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
                     if denied:
                         finish(batch, [(i, pb.ACCESS_DENIED, denied) for i in range(len(batch.entries))], None, 0)
                         continue
@@ -241,7 +268,9 @@ class BookieService(rpc.BookieServicer):
                     state["bytes"] += nbytes
                     self.add_bytes_in_flight += nbytes
                     try:
-                        results, fut = bookie.add_batch(batch.entries)
+                        results, fut = bookie.add_batch(batch.entries, keyless, admit)
+                        if results and keys is not None and any(r[1] == LOOKUP for r in results):
+                            results, fut = await self._add_checked(batch.entries, results, fut, keyless)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
                         log.exception("add batch from %s failed", principal.name)
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
@@ -273,16 +302,21 @@ class BookieService(rpc.BookieServicer):
         """Answers go out one at a time, each built only after the previous one was taken: a
         client that stops reading pauses its stream, and the room its answers hold in the
         bookie's ReadBuffer is bounded (see there)."""
-        await self._authorize(context, Operation.FENCE if request.flags & pb.FENCE else Operation.READ)
+        principal = await self._authorize(context, Operation.FENCE if request.flags & pb.FENCE else Operation.READ)
         bookie = self.bookie
         ledger, first, last = request.ledger_id, request.first_entry, request.last_entry
         m = bookie.metrics
         try:
             if request.flags & pb.FENCE:
-                status, lac = await bookie.fence(ledger, request.master_key)
+                key = request.master_key
+                status, why = await self._admit(ledger, key)
+                if status == pb.OK:
+                    keyless = not key and principal.may(Operation.KEYLESS_RECOVERY)
+                    status, lac = await bookie.fence(ledger, key, keyless)
+                    why = KEY_MISSING if status == pb.BAD_REQUEST else _why(status, ledger)
                 if status != pb.OK:
                     m.read_errors.labels(pb.Status.Name(status)).inc()
-                    await context.write(pb.ReadResults(status=status, message=_why(status, ledger), lac=-1))
+                    await context.write(pb.ReadResults(status=status, message=why, lac=-1))
                     return
                 if first < 0:
                     await context.write(pb.ReadResults(status=pb.OK, lac=lac))
@@ -375,6 +409,10 @@ class BookieService(rpc.BookieServicer):
 
     async def WriteLac(self, request, context):
         await self._authorize(context, Operation.WRITE_LAC)
+        if self.bookie.has_ledger(request.ledger_id):  # else NO_LEDGER: WriteLac records no ledger
+            status, why = await self._admit(request.ledger_id, request.master_key)
+            if status != pb.OK:
+                return pb.WriteLacResponse(status=status, message=why)
         try:
             status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:

@@ -461,15 +461,16 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
         return LedgerWritten(partition, handle.ledger_id, written)
     except BaseException:
         if handle is not None:
-            await _delete_quietly(bk, [handle.ledger_id])
+            await _delete_quietly(bk, [handle.ledger_id], opts.password)
         raise
 
 
-async def _delete_quietly(bk: Any, ledger_ids: Sequence[int]) -> list[int]:
+async def _delete_quietly(bk: Any, ledger_ids: Sequence[int], password: bytes) -> list[int]:
+    """Delete the job's ledgers (with the job's password); those already gone are skipped."""
     deleted = []
     for lid in ledger_ids:
         try:
-            await bk.delete_ledger(lid)
+            await bk.delete_ledger(lid, password)
             deleted.append(lid)
         except Exception as exc:
             if not _is_no_such_ledger(exc):
@@ -508,7 +509,7 @@ async def _abort(opts: WriteOptions, ledger_ids: Sequence[int]) -> list[int]:
     (a task killed before it could report or clean up)."""
     leftovers = await _tagged(opts.metadata_uri, opts.job_id)
     bk = await _client(opts.metadata_uri)
-    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)))
+    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)), opts.password)
 
 
 async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> list[int]:
@@ -518,7 +519,7 @@ async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> lis
     if not strays:
         return []
     bk = await _client(opts.metadata_uri)
-    return await _delete_quietly(bk, sorted(strays))
+    return await _delete_quietly(bk, sorted(strays), opts.password)
 
 
 class LedgerWriter(DataSourceArrowWriter):
