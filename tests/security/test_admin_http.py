@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from allocation import allocate
 
 from pybk import entry
 from pybk.bookie.client import BookieClient
@@ -32,7 +33,7 @@ async def still_writable(bookie, pki, eid: int) -> None:
 
 @pytest.mark.parametrize("method,path,body", STATE_CHANGES, ids=[p for _, p, _ in STATE_CHANGES])
 async def test_state_changes_without_admin_are_refused_and_change_nothing(bookies, pki, method, path, body):
-    b, = bookies(1, **pki.bookie_options())
+    b, = bookies(1, metadata_uri=None, **pki.bookie_options())
     url = b.http_url + path
     await still_writable(b, pki, 0)
     status, answer = await asyncio.to_thread(pki.http, url, method, None, body)
@@ -49,7 +50,7 @@ async def test_state_changes_without_admin_are_refused_and_change_nothing(bookie
 
 
 async def test_admin_turns_the_bookie_read_only(bookies, pki):
-    b, = bookies(1, **pki.bookie_options())
+    b, = bookies(1, metadata_uri=None, **pki.bookie_options())
     status, answer = await asyncio.to_thread(pki.http, b.http_url + "/api/v1/bookie/state/readonly", "PUT",
                                              "admin", {"readOnly": True})
     assert status == 200 and answer["readOnly"] is True and answer["forced"] is True
@@ -77,6 +78,7 @@ async def test_open_paths_are_configurable(bookies, pki):
 async def test_autorecovery_decommission_and_audit_need_admin(bookies, pki, metadata_uri, tmp_path):
     from pybk.recovery.process import AutoRecoveryProcess
     bookie, _ = bookies(2, **pki.bookie_options())
+    await allocate(metadata_uri, [1], KEY)  # bookies take keys only for allocated ledgers
     ar = AutoRecoveryProcess(tmp_path / "autorecovery.log", metadata_uri, tls_cert=pki.server.cert,
                              tls_key=pki.server.key, tls_ca=pki.server.ca, auth_file=pki.auth_file,
                              token_file=pki.tokens["admin"]).start()
