@@ -164,7 +164,30 @@ class Process:
 CONFIG = Option("config", "YAML file of settings (keys are the option names, e.g. log_level); flags "
                 "override the environment, which overrides the file", metavar="FILE")
 LOG_LEVEL = Option("log_level", "DEBUG, INFO, WARNING or ERROR", "INFO", parse_log_level)
-COMMON = (CONFIG, LOG_LEVEL)
+# TLS and the credential this process presents (docs/security.md); clients read the same PYBK_* names.
+TLS_CERT = Option("tls_cert", "this process's TLS certificate (PEM): served on its gRPC and admin HTTP ports, "
+                  "presented as client certificate when it calls bookies; reloaded when the file changes",
+                  metavar="FILE")
+TLS_KEY = Option("tls_key", "the private key of tls_cert (PEM)", metavar="FILE")
+TLS_CA = Option("tls_ca", "CA bundle (PEM): clients verify servers with it, servers verify client "
+                "certificates with it", metavar="FILE")
+TLS_SERVER_NAME = Option("tls_server_name", "name this process expects in the certificates of the servers it "
+                         "calls (default: the host it dials)", metavar="NAME")
+TOKEN_FILE = Option("token_file", "file holding the bearer token this process presents when it calls bookies or "
+                    "autorecovery", metavar="FILE")
+COMMON = (CONFIG, LOG_LEVEL, TLS_CERT, TLS_KEY, TLS_CA, TLS_SERVER_NAME, TOKEN_FILE)
+
+DEFAULT_OPEN_HTTP_PATHS = ("/heartbeat", "/metrics", "/api/v1/bookie/is_ready")
+# Who may call a server (bookie, autorecovery).
+SERVER_AUTH = (
+    Option("auth_file", "who may call this server, as which role (YAML: tokens and certificate subjects, see "
+           "docs/security.md); setting it turns authentication on; re-read when it changes", metavar="FILE"),
+    Option("open_http_paths", "admin HTTP paths anyone may GET without credentials (a flag value may also list several, comma-separated)", list(DEFAULT_OPEN_HTTP_PATHS),
+           repeatable=True, metavar="PATH"),
+    Option("tls_client_auth", "require a client certificate signed by tls_ca on the gRPC port (mTLS): callers "
+           "are then known by certificate too. gRPC cannot ask for an optional one, so without it gRPC callers "
+           "authenticate by token (admin HTTP always accepts an optional client certificate)", False, parse_bool),
+)
 
 METADATA_URI = Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix", metavar="URI")
 
@@ -178,9 +201,9 @@ RECOVERY_TUNING = (
     Option("open_ledger_grace", "seconds to leave an open ledger's last fragment to its writer before fencing and "
            "recovering the ledger", _RECOVERY.open_ledger_grace, Number(float, 0)),
     Option("ledger_password", "a ledger password autorecovery may use. Not needed to re-replicate and fence: "
-           "ledger metadata stores the master key bookies check. Needed to verify MAC digests while copying "
-           "(else only length and ids are checked) and for ledgers created before the key was stored. The "
-           "metadata's password hash picks the right one; the empty password is always tried",
+           "autorecovery does that without ledgers' keys, with its admin role. Needed to verify MAC digests "
+           "while copying (else only length and ids are checked). The metadata's password hash picks the "
+           "right one; the empty password is always tried",
            repeatable=True, metavar="PASSWORD", env="PYBK_LEDGER_PASSWORDS"),
     Option("replication_batch", "entries per read/add batch when copying", _RECOVERY.batch_entries, Number(int, 1)),
     Option("parallel_ledgers", "ledgers one worker replicates at once", _RECOVERY.parallel_ledgers,
@@ -240,8 +263,8 @@ BOOKIE = Process("bookie", COMMON + (
            "mark every ledger this bookie is in under-replicated so autorecovery copies the entries back "
            "(without it such a bookie refuses to start)", False, parse_bool),
     Option("rebuild_index", "do not serve: rebuild the LMDB index from the entry logs and the journal (master "
-           "keys also from the ledger metadata with --metadata-uri), keep the old one aside, and exit. Run it "
-           "with the bookie stopped, as the user owning its dirs", False, parse_bool),
+           "keys of ledgers created by earlier releases also from the ledger metadata with --metadata-uri), keep "
+           "the old one aside, and exit. Run it with the bookie stopped, as the user owning its dirs", False, parse_bool),
     Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, Number(float, 0)),
     Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
     Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "
@@ -271,7 +294,7 @@ BOOKIE = Process("bookie", COMMON + (
     Option("registration_ttl", "seconds of the etcd lease that carries the registration", 10, Number(int, 1)),
     Option("autorecovery", "also run autorecovery (auditor candidate + replication worker) in this process, "
            "tuned by the autorecovery options (--lost-bookie-delay, ...)", False, parse_bool),
-) + RECOVERY_TUNING, checks=(_water_marks, _message_size))
+) + SERVER_AUTH + RECOVERY_TUNING, checks=(_water_marks, _message_size))
 
 AUTORECOVERY = Process("autorecovery", COMMON + (
     dataclasses.replace(METADATA_URI, required=True),
@@ -281,7 +304,7 @@ AUTORECOVERY = Process("autorecovery", COMMON + (
     Option("name", "this process's name in the auditor election (default host:pid)", env="PYBK_RECOVERY_NAME"),
     Option("no_worker", "only campaign for the auditor; do not replicate", False, parse_bool,
            env="PYBK_RECOVERY_NO_WORKER"),
-) + RECOVERY_TUNING)
+) + SERVER_AUTH + RECOVERY_TUNING)
 
 OPERATOR = Process("operator", COMMON + (
     Option("namespace", "watch only this namespace; default: every namespace", repeatable=True, metavar="NS",

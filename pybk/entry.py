@@ -59,6 +59,13 @@ def password_hash(password: bytes) -> bytes:
     return hashlib.sha256(b"pybk-ledger-password-check:" + password).digest()
 
 
+def key_check(master_key: bytes) -> bytes:
+    """What ledger metadata stores to verify a master key: a one-way hash of it, so that bookies
+    can check the first key they see for a ledger against the metadata, and reading metadata
+    still grants no write (docs/security.md)."""
+    return hashlib.sha256(b"pybk-ledger-key-check:" + master_key).digest()
+
+
 def _digest(digest_type: DigestType, password: bytes, header: bytes, payload: bytes) -> bytes:
     if digest_type is DigestType.CRC32C:
         c = google_crc32c.value(header)
@@ -93,8 +100,8 @@ def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: b
     running length is smaller than the payload: the replica that served it is corrupt.
 
     verify_digest=False checks the structure only (sizes, ledger/entry id), not the digest:
-    for a copier that lacks the password of a MAC ledger (autorecovery using the master key
-    stored in metadata). It moves bodies verbatim, so readers still verify the MAC later.
+    for a copier that lacks the password of a MAC ledger (autorecovery acting with its admin
+    credential). It moves bodies verbatim, so readers still verify the MAC later.
     """
     h = parse_header(body)
     crc = digest_type is DigestType.CRC32C

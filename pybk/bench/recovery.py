@@ -73,7 +73,7 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict:
                 lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=password)
                 if victim.bookie_id not in lh.metadata.current_ensemble:
                     await lh.close()
-                    await bk.delete_ledger(lh.ledger_id)
+                    await bk.delete_ledger(lh.ledger_id, password)
                     continue
                 n = min(per_ledger, -(-(target - held) // args.entry_size))
                 window = max(1, (16 << 20) // args.entry_size)

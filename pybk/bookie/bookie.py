@@ -28,7 +28,9 @@ from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, J
                       check as check_journal, discard_unused, encode_record, encode_records, is_space_error, journal_files,
                       read_head, read_mark, replay, scan_file, write_atomic, write_mark)
 from .metrics import Metrics
-from .state import LedgerState, check_key
+from .state import KEY_MISSING, LedgerState, check_key
+
+Admission = Callable[[int, bytes], tuple[int, str]]  # (ledger, first key) -> (status, why not)
 from .writecache import WriteCache
 
 log = logging.getLogger("pybk.bookie")
@@ -253,13 +255,20 @@ class Bookie:
     def read_only(self) -> bool:
         return self.read_only_forced or self.read_only_disk or self.journal_failed
 
-    def add_batch(self, entries) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:
+    def add_batch(self, entries, keyless: bool = False, admit: Admission | None = None
+                  ) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:
         """Validate and journal a batch of pb.AddEntry (a sequence).
 
         Returns the refused ones as (index, status, message) (every other entry is OK once the
         future completes) and a future that completes when the accepted ones are durable (None if
         none were accepted). Accepted entries are in the write cache before this returns (readers
-        may see them; they only read up to a LAC, which only durable quorums advance)."""
+        may see them; they only read up to a LAC, which only durable quorums advance).
+
+        `keyless`: the caller may do keyless recovery (admin), so recovery adds with an empty key
+        are accepted (and record no key). `admit(ledger, key)` decides a key this bookie would
+        record first for a ledger (state.needs_admission): (OK, "") to accept, a refusal, or
+        (LOOKUP, "") when the metadata must be read first (those entries are answered LOOKUP for
+        the service to add again). None accepts every first key (a bookie without metadata)."""
         errors: list[tuple[int, int, str]] = []
         if self.read_only:
             return [(i, pb.READ_ONLY, "bookie is read-only") for i in range(len(entries))], None
@@ -282,7 +291,7 @@ class Bookie:
         accepted: dict[int, dict[int, bytes]] = {}  # ledger -> entry id -> body
         run: dict[int, bytes] = {}  # accepted[last_ledger]
         cur_key = b""
-        cur_fenced = False
+        cur_recovery_only = False  # fenced, or a keyless run: only recovery adds pass
         cur_lac = -1
         for i, e in enumerate(entries):
             ledger = e.ledger_id
@@ -299,45 +308,27 @@ class Bookie:
             if hlac >= eid:
                 errors.append((i, _BAD, f"entry {ledger}:{eid} carries LAC {hlac}: a LAC must be below its entry id"))
                 continue
-            if ledger != last_ledger:
+            if ledger != last_ledger or e.master_key != cur_key:
                 if st is not None:
                     self._raise_lac(st, cur_lac, last_ledger, changed)
                 key = e.master_key
                 st = ledgers.get(ledger)
-                if st is None:
-                    if not key:
-                        errors.append((i, _BAD, "master key missing"))
+                if st is None or st.master_key != key:
+                    st, refusal, jb = self._run_key(ledger, key, st, keyless, admit, append)
+                    if refusal is not None:
+                        errors.append((i, *refusal))
                         last_ledger = -1
                         continue
-                    st = ledgers[ledger] = LedgerState(master_key=key)
-                    append(encode_record(_MASTER_KEY, ledger, -1, key))
-                    jbytes += RECORD_HEADER + len(key)
-                    self.metrics.ledgers.set(len(ledgers))
-                elif st.master_key != key:
-                    if st.master_key:
-                        errors.append((i, pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"))
-                        st, last_ledger = None, -1
-                        continue
-                    if not key:
-                        errors.append((i, _BAD, "master key missing"))
-                        st, last_ledger = None, -1
-                        continue
-                    st.master_key = key
-                    st.dirty = True
-                    append(encode_record(_MASTER_KEY, ledger, -1, key))
-                    jbytes += RECORD_HEADER + len(key)
+                    jbytes += jb
                 run = accepted.get(ledger)
                 if run is None:
                     run = accepted[ledger] = {}
                 last_ledger = ledger
                 cur_key = key
-                cur_fenced = st.fenced
+                cur_recovery_only = st.fenced or not key
                 cur_lac = st.lac
-            elif e.master_key != cur_key:
-                errors.append((i, pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"))
-                continue
-            if cur_fenced and not e.flags & 1:
-                errors.append((i, pb.FENCED, f"ledger {ledger} is fenced"))
+            if cur_recovery_only and not e.flags & 1:
+                errors.append((i, pb.FENCED, f"ledger {ledger} is fenced") if cur_key else (i, _BAD, KEY_MISSING))
                 continue
             run[eid] = body
             if hlac > cur_lac:
@@ -360,6 +351,34 @@ class Bookie:
             self.request_checkpoint()
         return errors, self.journal.append(records, jbytes + nbytes + count * RECORD_HEADER)
 
+    def _run_key(self, ledger: int, key: bytes, st: LedgerState | None, keyless: bool,
+                 admit: Admission | None, append: Callable[[bytes], None]
+                 ) -> tuple[LedgerState | None, tuple[int, str] | None, int]:
+        """The key decision for a run of a batch whose key is not the one recorded for its ledger
+        (the rare path of add_batch): (ledger state, None, journal bytes added) to accept the
+        run, or (None, (status, message), 0) to refuse it. A first key accepted is recorded."""
+        if not key:
+            if not keyless:
+                return None, (_BAD, KEY_MISSING), 0
+            if st is None:
+                st = self.ledgers[ledger] = LedgerState()
+                self.metrics.ledgers.set(len(self.ledgers))
+            return st, None, 0
+        if st is not None and st.master_key:
+            return None, (pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"), 0
+        if admit is not None:
+            status, why = admit(ledger, key)
+            if status != _OK:
+                return None, (status, why), 0
+        if st is None:
+            st = self.ledgers[ledger] = LedgerState(master_key=key)
+            self.metrics.ledgers.set(len(self.ledgers))
+        else:
+            st.master_key = key
+            st.dirty = True
+        append(encode_record(_MASTER_KEY, ledger, -1, key))
+        return st, None, RECORD_HEADER + len(key)
+
     def _raise_lac(self, st: LedgerState, lac: int, ledger: int, changed: set[int]) -> None:
         """Keep the highest LAC a ledger's adds carried; note the ledger when long-polls wait on it."""
         if lac > st.lac:
@@ -375,16 +394,19 @@ class Bookie:
 
     # ---- fencing and LAC --------------------------------------------------------------------
 
-    async def fence(self, ledger: int, master_key: bytes) -> tuple[int, int]:
-        """Fence a ledger: later normal adds get FENCED. Durable before it returns (status, lac)."""
+    async def fence(self, ledger: int, master_key: bytes, keyless: bool = False) -> tuple[int, int]:
+        """Fence a ledger: later normal adds get FENCED. Durable before it returns (status, lac).
+        With `keyless` (an admin's recovery) an empty key fences without recording a key; without,
+        it is BAD_REQUEST (state.KEY_MISSING). A first key is recorded as given: the service
+        checks it against the metadata first (state.needs_admission)."""
         st = self.ledgers.get(ledger)
-        status = check_key(st, master_key)
+        status = check_key(st, master_key, keyless)
         if status != _OK:
             return status, -1
         records = []
-        if st is None or not st.master_key:
-            if st is None:
-                st = self.ledgers[ledger] = LedgerState()
+        if st is None:
+            st = self.ledgers[ledger] = LedgerState()
+        if master_key and not st.master_key:
             st.master_key = master_key
             records.append(encode_record(_MASTER_KEY, ledger, -1, master_key))
         st.fenced = True
@@ -821,7 +843,8 @@ def rebuild_index(journal_dir: Path, ledger_dirs: list[Path], master_keys: dict[
     Every entry log record whose CRC holds is indexed (a later copy of an entry wins, as in the
     index). Ledger state is rebuilt as far as the files allow: the LAC from the entry headers and
     from the journal's LAC records; master keys from the journal's MASTER_KEY records, else from
-    `master_keys` (the ledger metadata), else empty (the next fence or recovery add sets it). Every
+    `master_keys` (the keys earlier releases stored in ledger metadata), else empty (the next key
+    a writer or reader sends is checked against the ledger's key check in the metadata). Every
     ledger is marked fenced: whether it was fenced went with the index, and a fenced ledger is the
     safe answer (its writer, which this bookie's outage already sent elsewhere, gets FENCED; reads
     and recovery work). Entries of ledgers deleted but not yet compacted away come back until the

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 import grpc
 
 from pybk.proto import pb, rpc
+from pybk.security.settings import ClientSecurity
 
 MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
 DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
@@ -37,6 +38,9 @@ class Status(enum.IntEnum):
     FENCED = pb.FENCED
     READ_ONLY = pb.READ_ONLY
     TOO_MANY_REQUESTS = pb.TOO_MANY_REQUESTS
+    # the caller's credential was refused (no or an unknown one, or a role too low): an add's
+    # answer, or a call that ended UNAUTHENTICATED or PERMISSION_DENIED. Every bookie would refuse.
+    ACCESS_DENIED = pb.ACCESS_DENIED
 
 
 class BookieError(Exception):
@@ -54,6 +58,44 @@ class BookieUnavailableError(BookieError):
 
     def __init__(self, message: str, address: str = ""):
         super().__init__(Status.IO_ERROR, message, address)
+
+
+class BookieAccessDeniedError(BookieError):
+    """The bookie refused this client's credential (code ACCESS_DENIED): none or an unknown one
+    (`grpc_code` UNAUTHENTICATED), or a role too low for the call (PERMISSION_DENIED)."""
+
+    def __init__(self, grpc_code: grpc.StatusCode, message: str, address: str = ""):
+        self.grpc_code = grpc_code
+        super().__init__(Status.ACCESS_DENIED, f"{grpc_code.name}: {message}", address)
+
+
+def _denied_code(message: str) -> grpc.StatusCode:
+    """The gRPC code an add's ACCESS_DENIED answer stands for (its message starts with it)."""
+    return grpc.StatusCode.UNAUTHENTICATED if message.startswith("UNAUTHENTICATED") \
+        else grpc.StatusCode.PERMISSION_DENIED
+
+
+def add_error(status: int, message: str, address: str) -> BookieError:
+    """The error of an add the bookie answered with a status other than OK."""
+    if status == pb.ACCESS_DENIED:
+        code = _denied_code(message)
+        return BookieAccessDeniedError(code, message.removeprefix(f"{code.name}: "), address)
+    return BookieError(_ERRORS.get(status, Status.IO_ERROR), message, address)
+
+
+_DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def rpc_error(exc: grpc.aio.AioRpcError, address: str, tls: bool = False) -> BookieError:
+    """The BookieError of a failed gRPC call: access denied, or the bookie unavailable (with a
+    hint when a plaintext client's connection is closed at once, as a TLS port does)."""
+    if exc.code() in _DENIED:
+        return BookieAccessDeniedError(exc.code(), exc.details() or "", address)
+    hint = ""
+    if not tls and exc.code() is grpc.StatusCode.UNAVAILABLE and "Socket closed" in (exc.details() or ""):
+        hint = (" (this client speaks plaintext: if the bookie serves TLS, give the client its CA, "
+                "tls_ca / PYBK_TLS_CA)")
+    return BookieUnavailableError(f"{exc.code().name}: {exc.details()}{hint}", address)
 
 
 _ERRORS = {s.value: s for s in Status}
@@ -76,17 +118,29 @@ class BookieClient:
     """One gRPC channel to one bookie. Create with `await BookieClient.connect("host:port")`."""
 
     def __init__(self, address: str, max_batch_bytes: int = 1024 * 1024, max_batch_entries: int = 8192,
-                 timeout: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 timeout: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 security: ClientSecurity | None = None, token: str | None = None):
         """max_message_bytes matches the bookies' max_message_size: no Add message is bigger, and
-        an entry that cannot fit in one is refused here with BAD_REQUEST."""
+        an entry that cannot fit in one is refused here with BAD_REQUEST. With `security` the
+        channel uses TLS (when it names a CA) and every call carries its bearer token (read from
+        its token file now, or `token` if given); CertificateError or OSError names a file that
+        cannot be used."""
         self.address = address
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_entries = max_batch_entries
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes
         self._batch_room = max_message_bytes - (max_batch_entries + 1) * _ENTRY_OVERHEAD  # body bytes per batch
-        self._channel = grpc.aio.insecure_channel(
-            address, options=[*GRPC_OPTIONS, ("grpc.max_send_message_length", max_message_bytes)])
+        options = [*GRPC_OPTIONS, ("grpc.max_send_message_length", max_message_bytes)]
+        self.security = security or ClientSecurity()
+        token = token or self.security.token()
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        if self.security.tls:
+            from pybk.security.tls import client_channel_credentials
+            credentials, extra = client_channel_credentials(self.security)
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options + extra)
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = rpc.BookieStub(self._channel)
         self._batch = pb.AddBatch()
         self._batch_add = self._batch.entries.add
@@ -104,7 +158,8 @@ class BookieClient:
     @classmethod
     async def connect(cls, address: str, wait: float | None = None, **kwargs) -> "BookieClient":
         """A client for the bookie at host:port. Connects lazily; pass wait=seconds to wait until
-        the bookie is reachable (raises BookieUnavailableError otherwise)."""
+        the bookie is reachable (raises BookieUnavailableError otherwise). Pass security= for TLS
+        and a bearer token (see __init__)."""
         client = cls(address, **kwargs)
         if wait:
             try:
@@ -235,7 +290,7 @@ class BookieClient:
         if step < 1:
             raise ValueError(f"step must be >= 1, not {step}")
         req = pb.ReadRequest(ledger_id=ledger_id, first_entry=first, last_entry=last, step=step)
-        call = self._stub.Read(req)
+        call = self._stub.Read(req, metadata=self._metadata)
         try:
             async for res in call:
                 for e in res.entries:
@@ -249,7 +304,7 @@ class BookieClient:
 
     async def _read_lac_call(self, req: pb.ReadRequest, timeout: float) -> int:
         try:
-            call = self._stub.Read(req, timeout=timeout)
+            call = self._stub.Read(req, timeout=timeout, metadata=self._metadata)
             async for res in call:
                 if res.status != pb.OK:
                     raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
@@ -268,7 +323,8 @@ class BookieClient:
     async def read_lac(self, ledger_id: int) -> int:
         """The bookie's LAC for the ledger; BookieError(NO_LEDGER) if it knows nothing of it."""
         try:
-            res = await self._stub.ReadLac(pb.ReadLacRequest(ledger_id=ledger_id), timeout=self.timeout)
+            res = await self._stub.ReadLac(pb.ReadLacRequest(ledger_id=ledger_id), timeout=self.timeout,
+                                           metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         if res.status != pb.OK:
@@ -285,7 +341,7 @@ class BookieClient:
         """Record an explicit LAC on this bookie."""
         try:
             res = await self._stub.WriteLac(pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key),
-                                            timeout=self.timeout)
+                                            timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         if res.status != pb.OK:
@@ -295,7 +351,8 @@ class BookieClient:
         """Inclusive (first, last) ranges of the entry ids this bookie holds for the ledger
         ([] if it holds none)."""
         try:
-            res = await self._stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id), timeout=self.timeout)
+            res = await self._stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id), timeout=self.timeout,
+                                               metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         if res.status == pb.NO_LEDGER:
@@ -306,23 +363,25 @@ class BookieClient:
 
     async def list_ledgers(self) -> list[int]:
         try:
-            res = await self._stub.ListLedgers(pb.ListLedgersRequest(), timeout=self.timeout)
+            res = await self._stub.ListLedgers(pb.ListLedgersRequest(), timeout=self.timeout,
+                                               metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         return list(res.ledger_ids)
 
     async def info(self) -> dict:
-        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count."""
+        """bookie_id, read_only, free_bytes, total_bytes, version, zone, ledger_count, and who the
+        bookie takes this client for: caller (a name) and caller_role (reader, writer or admin)."""
         try:
-            res = await self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+            res = await self._stub.Info(pb.InfoRequest(), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         return {"bookie_id": res.bookie_id, "read_only": res.read_only, "free_bytes": res.free_bytes,
                 "total_bytes": res.total_bytes, "version": res.version, "zone": res.zone,
-                "ledger_count": res.ledger_count}
+                "ledger_count": res.ledger_count, "caller": res.caller, "caller_role": res.caller_role}
 
     def _rpc_error(self, exc: grpc.aio.AioRpcError) -> BookieError:
-        return BookieUnavailableError(f"{exc.code().name}: {exc.details()}", self.address)
+        return rpc_error(exc, self.address, self.security.tls)
 
 
 class _AddStream:
@@ -333,7 +392,7 @@ class _AddStream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.inflight: dict[int, range] = {}
         self.broken = False
-        self.call = client._stub.Add(self._requests())
+        self.call = client._stub.Add(self._requests(), metadata=client._metadata)
         self.task = asyncio.get_running_loop().create_task(self._receive())
 
     async def _requests(self):
@@ -367,12 +426,11 @@ class _AddStream:
                         if status == 0:
                             done.set_result(None)
                         else:
-                            done.set_exception(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message,
-                                                           client.address))
+                            done.set_exception(add_error(status, r.message, client.address))
                     elif status == 0:
                         done(None)
                     else:
-                        done(BookieError(_ERRORS.get(status, Status.IO_ERROR), r.message, client.address))
+                        done(add_error(status, r.message, client.address))
                 self.inflight.pop(first, None)
                 client._batch_done()
             self.fail(BookieUnavailableError("add stream ended", client.address))

@@ -10,6 +10,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pybk.meta import MetadataError, MetadataStore, NoSuchLedgerError
+from pybk.security.auth import Authenticator
+from pybk.security.web import admin_middleware
 
 from .bookie import Bookie
 from .gc import GarbageCollector
@@ -40,13 +42,16 @@ def _ledger_page(bookie: Bookie, ids: list[int], start: int, limit: int, with_en
 
 def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
              ready: Callable[[], Awaitable[tuple[bool, str]]], gc: GarbageCollector | None,
-             store: MetadataStore | None, scrubber: Scrubber | None = None) -> web.Application:
+             store: MetadataStore | None, scrubber: Scrubber | None = None,
+             authenticator: Authenticator | None = None, open_paths: tuple[str, ...] = ()) -> web.Application:
     """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc,scrub},
-    /api/v1/ledger/{list,metadata}. Anyone who reaches the admin port may call every route.
+    /api/v1/ledger/{list,metadata}. With an authenticator, reads need `reader` except the
+    `open_paths`, and every state-changing route needs `admin` (pybk.security.web); without one
+    anyone who reaches the admin port may call every route.
 
     info, state and ready describe the whole process; gc and store are None when the bookie runs
     without a metadata store."""
-    app = web.Application()
+    app = web.Application(middlewares=[admin_middleware(authenticator, open_paths)])
 
     async def heartbeat(request: web.Request) -> web.Response:
         return web.Response(text="OK\n")
@@ -101,8 +106,7 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
 
     async def scrub_run(request: web.Request) -> web.Response:
         """Scrub now (or join the scrub in progress) and answer its result; it may take long on a
-        big bookie and goes on if the caller disconnects. Anyone who reaches the admin port may
-        call it: it only drops entries this bookie cannot read."""
+        big bookie and goes on if the caller disconnects. Needs `admin` when authentication is on."""
         if scrubber is None:
             return web.json_response({"error": "this bookie has no scrubber"}, status=409)
         try:
@@ -115,7 +119,7 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         ?start=<first ledger id>&limit=<page size, default 1000, at most 100000>; `next` in the
         answer is the start of the next page (null after the last). ?entries=true adds each
         ledger's entry ranges. Worked out in a worker thread, so a long listing never stalls the
-        event loop. Anyone who reaches the admin port may call it."""
+        event loop. Needs `reader` when authentication is on."""
         try:
             start = int(request.query.get("start", 0))
             limit = int(request.query.get("limit", LEDGER_PAGE))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import logging
 import signal
 import socket
@@ -17,6 +18,10 @@ import pybk
 from pybk import config
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
+from pybk.security.auth import AuthFileError
+from pybk.security.roles import Principal, Role
+from pybk.security.server import SecurityConfigError, ServerSecurity
+from pybk.security.tls import CertificateError
 
 from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
 from .client import BookieClient, BookieError
@@ -24,6 +29,7 @@ from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_l
 from .gc import GarbageCollector
 from .http import make_app
 from .index import IndexDamagedError
+from .keys import KeyGate
 from .journal import JournalCorruptError, JournalGapError
 from .registration import Registration
 from .scrub import Scrubber
@@ -45,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return asyncio.run(BookieServer(cfg).serve())
-    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError) as exc:
+    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError,
+            CertificateError, AuthFileError, SecurityConfigError) as exc:
         print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
         return 3
     except OSError as exc:
@@ -56,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 async def rebuild(cfg: dict[str, Any]) -> int:
     """`pybk bookie --rebuild-index`: rebuild the index of a stopped bookie, print a JSON summary.
     Whoever can run it has the bookie's files anyway (it needs their write access); with
-    --metadata-uri it only reads ledger metadata (master keys)."""
+    --metadata-uri it only reads ledger metadata (the master keys ledgers of earlier releases
+    stored; ledgers created now store none, and their writers' keys are checked again)."""
     ledger_dirs = [Path(d) for d in cfg["ledger_dir"]]
     keys: dict[int, bytes] = {}
     if cfg["metadata_uri"]:
@@ -98,6 +106,10 @@ class BookieServer:
             disk_capacity=cfg["disk_capacity"], disk_check_interval=cfg["disk_check_interval"],
             compaction_threshold=cfg["compaction_threshold"], max_write_cache_bytes=cfg["max_write_cache_bytes"],
             journal_prealloc=cfg["journal_prealloc_size"], accept_journal_loss=cfg["accept_journal_loss"])
+        self.security = ServerSecurity.from_config(cfg)
+        # the readiness probe's calls to this process's own gRPC port (a reader, whatever the auth file says)
+        self._probe_token = secrets.token_urlsafe(32)
+        self.security.authenticator.add_internal_token(self._probe_token, Principal("readiness probe", Role.READER))
         self.storage = Bookie(self.journal_dir, self.ledger_dirs, opts)
         self.registration: Registration | None = None
         self.gc: GarbageCollector | None = None
@@ -112,7 +124,7 @@ class BookieServer:
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://{self.cfg['host']}:{self.cfg['http_port']}"
+        return f"{self.security.scheme}://{self.cfg['host']}:{self.cfg['http_port']}"
 
     def bookie_info(self) -> BookieInfo:
         """What the registration advertises: how to reach this bookie and where it stands."""
@@ -147,7 +159,8 @@ class BookieServer:
             return False, f"not registered yet {self.registration.last_error}".strip()
         try:
             if self._probe is None:
-                self._probe = BookieClient(self.probe_address, timeout=PROBE_TIMEOUT)
+                self._probe = BookieClient(self.probe_address, timeout=PROBE_TIMEOUT, security=self.security.client,
+                                           token=self._probe_token)
             await self._probe.info()
         except BookieError as exc:
             return False, f"gRPC port {self.grpc_endpoint} does not answer: {exc}"
@@ -172,8 +185,11 @@ class BookieServer:
                         max_add_bytes_in_flight_per_connection=cfg["max_add_bytes_in_flight_per_connection"],
                         max_read_buffer_bytes=cfg["max_read_buffer_bytes"],
                         read_stream_timeout=cfg["read_stream_timeout"])
-        service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits)
-        grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}")
+        security = self.security
+        service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits,
+                                authenticator=security.authenticator)
+        grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}", security.grpc_credentials())
+        http_ssl = security.http_ssl()
         try:
             http_sock = _listen(self.cfg["host"], self.cfg["http_port"])
         except OSError:
@@ -208,23 +224,27 @@ class BookieServer:
             await grpc_server.stop(None)
             http_sock.close()
             raise
-        await grpc_server.start()
         store = self.registration.store if self.registration else None
+        if store is not None:
+            service.keys = KeyGate(store.ledgers)  # before serving: every first key is checked
+        await grpc_server.start()
         if store is not None:
             self.gc = GarbageCollector(self.storage, store.ledgers, self.cfg["gc_interval"])
         self.scrubber = Scrubber(self.storage, self.cfg["scrub_interval"], self.bookie_id,
                                  store.underreplication if store is not None else None)
         app = make_app(self.storage, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store,
-                       scrubber=self.scrubber)
+                       scrubber=self.scrubber, authenticator=security.authenticator,
+                       open_paths=security.open_paths)
         embedded = None
         if self.registration:
             from pybk.recovery.embedded import mount
             embedded = mount(app, self.registration.store, self.cfg["metadata_uri"], self.bookie_id,
                              self.http_endpoint,
-                             options=recovery_options(self.cfg) if self.cfg["autorecovery"] else None)
+                             options=recovery_options(self.cfg) if self.cfg["autorecovery"] else None,
+                             security=security.client)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.SockSite(runner, http_sock)
+        site = web.SockSite(runner, http_sock, ssl_context=http_ssl.context if http_ssl else None)
         await site.start()
         self.serving = True
         self.scrubber.start()
@@ -236,8 +256,10 @@ class BookieServer:
             embedded.start()
         else:
             self.storage.on_read_only_change = None
-        log.info("bookie %s serving gRPC on %s, admin HTTP on %s", self.bookie_id, self.grpc_endpoint,
-                 self.http_endpoint)
+        log.info("bookie %s serving gRPC on %s (%s), admin HTTP on %s", self.bookie_id, self.grpc_endpoint,
+                 "TLS" if security.tls else "plaintext", self.http_endpoint)
+        for warning in security.warnings(self.grpc_endpoint):
+            log.warning("%s", warning)
         print(json.dumps({"event": "ready", "bookie_id": self.bookie_id, "grpc": self.grpc_endpoint,
                           "http": self.http_endpoint}), flush=True)
         await self._stop.wait()

@@ -13,9 +13,14 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from pybk.proto import pb, rpc
+from pybk.security.auth import AccessDenied, Authenticator, Denial
+from pybk.security.roles import OPEN, Operation, Principal
+from pybk.security.tls import ReloadingServerCredentials
 
 from .bookie import Bookie, BookieStorageError
 from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
+from .keys import KeyGate
+from .state import KEY_MISSING, LOOKUP, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
 
@@ -148,8 +153,11 @@ class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
     def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), authenticator: Authenticator | None = None,
+                 keys: KeyGate | None = None):
         self.bookie = bookie
+        self.authenticator = authenticator
+        self.keys = keys  # first keys of ledgers are checked against the metadata (None: no metadata)
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
@@ -157,17 +165,72 @@ class BookieService(rpc.BookieServicer):
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
 
+    def _decide(self, context, operation: Operation) -> tuple[Principal | None, grpc.StatusCode | None, str]:
+        """(the caller's Principal, None, "") if its role allows `operation` (OPEN when
+        authentication is off), else (None, UNAUTHENTICATED or PERMISSION_DENIED, why). The one
+        place a bookie decides who may do what; every RPC asks it first."""
+        auth = self.authenticator
+        if auth is None or not auth.enabled:
+            return OPEN, None, ""
+        try:
+            return auth.authorize_grpc(context, operation), None, ""
+        except AccessDenied as exc:
+            log.info("refused %s from %s: %s", operation.value, context.peer(), exc.message)
+            code = grpc.StatusCode.UNAUTHENTICATED if exc.denial is Denial.UNAUTHENTICATED \
+                else grpc.StatusCode.PERMISSION_DENIED
+            return None, code, f"{operation.value} refused: {exc.message}"
+
+    async def _authorize(self, context, operation: Operation) -> Principal:
+        """The caller's Principal if it may perform `operation`; otherwise the call ends
+        UNAUTHENTICATED or PERMISSION_DENIED, the message naming the cause."""
+        principal, code, why = self._decide(context, operation)
+        if principal is None:
+            await context.abort(code, why)
+        return principal
+
+    def _authorize_stream(self, context, operation: Operation) -> tuple[Principal | None, str]:
+        """For the Add stream: (Principal, "") or (None, why), why starting with the gRPC code's
+        name, as the message of the ACCESS_DENIED answers."""
+        principal, code, why = self._decide(context, operation)
+        return principal, "" if principal is not None else f"{code.name}: {why}"
+
+    # ---- ledger rights: first keys checked against the metadata, keyless recovery for admins ----
+
+    async def _add_checked(self, entries, errors: list[tuple[int, int, str]], fut, keyless: bool):
+        """Add again the entries add_batch answered LOOKUP, once the metadata of their ledgers is
+        read; returns the batch's merged (errors, future)."""
+        pending = [i for i, status, _ in errors if status == LOOKUP]
+        found = await self.keys.lookup(entries[i].ledger_id for i in pending)
+        again, fut2 = self.bookie.add_batch([entries[i] for i in pending], keyless, self.keys.admit_from(found))
+        merged = [err for err in errors if err[1] != LOOKUP] + [(pending[j], s, m) for j, s, m in again]
+        if fut is None or fut2 is None:
+            return merged, fut if fut2 is None else fut2
+        return merged, asyncio.gather(fut, fut2)
+
+    async def _admit(self, ledger: int, key: bytes) -> tuple[int, str]:
+        """(OK, "") or why not, for a fence or WriteLac whose key this bookie would record first."""
+        if self.keys is None or not needs_admission(self.bookie.ledgers.get(ledger), key):
+            return pb.OK, ""
+        return await self.keys.check(ledger, key)
+
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
         each batch becomes durable, one AddResults per AddBatch. The request iterator yields
         (batch, its size on the wire). A batch that would take the bytes in flight (received, not
         yet durable) of this stream or of the bookie past their caps is answered TOO_MANY_REQUESTS
-        at once; one batch alone always passes."""
+        at once; one batch alone always passes. An allowed caller is authorized once, at stream
+        start; a refused one gets every entry answered ACCESS_DENIED and is looked at again with
+        each batch (the auth file may have changed). Ending the stream instead would race with the
+        client's sending and reach it as INTERNAL."""
+        principal, denied = self._authorize_stream(context, Operation.ADD)
         bookie = self.bookie
         limits = self.limits
         conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
         done: asyncio.Queue = asyncio.Queue()
         state = {"outstanding": 0, "eof": False, "bytes": 0}
+        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
+        keys = self.keys
+        admit = keys.admit if keys is not None else None
 
         def release(nbytes: int) -> None:
             state["bytes"] -= nbytes
@@ -183,9 +246,16 @@ class BookieService(rpc.BookieServicer):
             done.put_nowait(_add_results(batch, results, error, bookie.metrics))
 
         async def reader():
+            nonlocal principal, denied, keyless
             try:
                 async for batch, nbytes in request_iterator:
                     state["outstanding"] += 1
+                    if denied:
+                        principal, denied = self._authorize_stream(context, Operation.ADD)
+                        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
+                    if denied:
+                        finish(batch, [(i, pb.ACCESS_DENIED, denied) for i in range(len(batch.entries))], None, 0)
+                        continue
                     bookie.metrics.add_batch_size.observe(len(batch.entries))
                     refusal = _over_cap(state["bytes"], nbytes, conn_cap, "on this connection",
                                         "max_add_bytes_in_flight_per_connection") or \
@@ -198,9 +268,11 @@ class BookieService(rpc.BookieServicer):
                     state["bytes"] += nbytes
                     self.add_bytes_in_flight += nbytes
                     try:
-                        results, fut = bookie.add_batch(batch.entries)
+                        results, fut = bookie.add_batch(batch.entries, keyless, admit)
+                        if results and keys is not None and any(r[1] == LOOKUP for r in results):
+                            results, fut = await self._add_checked(batch.entries, results, fut, keyless)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
-                        log.exception("add batch failed")
+                        log.exception("add batch from %s failed", principal.name)
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
                         fut = None
                     if fut is None:
@@ -230,15 +302,21 @@ class BookieService(rpc.BookieServicer):
         """Answers go out one at a time, each built only after the previous one was taken: a
         client that stops reading pauses its stream, and the room its answers hold in the
         bookie's ReadBuffer is bounded (see there)."""
+        principal = await self._authorize(context, Operation.FENCE if request.flags & pb.FENCE else Operation.READ)
         bookie = self.bookie
         ledger, first, last = request.ledger_id, request.first_entry, request.last_entry
         m = bookie.metrics
         try:
             if request.flags & pb.FENCE:
-                status, lac = await bookie.fence(ledger, request.master_key)
+                key = request.master_key
+                status, why = await self._admit(ledger, key)
+                if status == pb.OK:
+                    keyless = not key and principal.may(Operation.KEYLESS_RECOVERY)
+                    status, lac = await bookie.fence(ledger, key, keyless)
+                    why = KEY_MISSING if status == pb.BAD_REQUEST else _why(status, ledger)
                 if status != pb.OK:
                     m.read_errors.labels(pb.Status.Name(status)).inc()
-                    await context.write(pb.ReadResults(status=status, message=_why(status, ledger), lac=-1))
+                    await context.write(pb.ReadResults(status=status, message=why, lac=-1))
                     return
                 if first < 0:
                     await context.write(pb.ReadResults(status=pb.OK, lac=lac))
@@ -317,6 +395,7 @@ class BookieService(rpc.BookieServicer):
             lac = bookie.lac(ledger)
 
     async def ReadLac(self, request, context):
+        await self._authorize(context, Operation.READ)
         lac = self.bookie.lac(request.ledger_id)
         if lac is None:
             return pb.ReadLacResponse(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, request.ledger_id), lac=-1)
@@ -329,6 +408,11 @@ class BookieService(rpc.BookieServicer):
         return pb.ReadLacResponse(status=pb.OK, lac=lac, last_entry_body=body)
 
     async def WriteLac(self, request, context):
+        await self._authorize(context, Operation.WRITE_LAC)
+        if self.bookie.has_ledger(request.ledger_id):  # else NO_LEDGER: WriteLac records no ledger
+            status, why = await self._admit(request.ledger_id, request.master_key)
+            if status != pb.OK:
+                return pb.WriteLacResponse(status=status, message=why)
         try:
             status, why = await self.bookie.write_lac(request.ledger_id, request.lac, request.master_key)
         except OSError as exc:
@@ -336,18 +420,22 @@ class BookieService(rpc.BookieServicer):
         return pb.WriteLacResponse(status=status, message=why)
 
     async def Info(self, request, context):
+        principal = await self._authorize(context, Operation.INFO)
         free, total = self.bookie.disk_space()
         return pb.InfoResponse(bookie_id=self.bookie_id, read_only=self.bookie.read_only, free_bytes=free,
                                total_bytes=total, version=self.version, zone=self.zone,
-                               ledger_count=len(self.bookie.ledgers))
+                               ledger_count=len(self.bookie.ledgers), caller=principal.name,
+                               caller_role=str(principal.role))
 
     async def ListEntries(self, request, context):
+        await self._authorize(context, Operation.LIST)
         if not self.bookie.has_ledger(request.ledger_id):
             return pb.ListEntriesResponse(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, request.ledger_id))
         ranges = self.bookie.list_entries(request.ledger_id)
         return pb.ListEntriesResponse(status=pb.OK, ranges=[pb.EntryRange(first=a, last=b) for a, b in ranges])
 
     async def ListLedgers(self, request, context):
+        await self._authorize(context, Operation.LIST)
         return pb.ListLedgersResponse(ledger_ids=sorted(self.bookie.ledgers))
 
 
@@ -450,15 +538,17 @@ def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
 
 
-def make_server(service: BookieService, address: str) -> grpc.aio.Server:
-    """A grpc.aio server with the service bound to address (host:port). A message bigger than
-    the service's max_message_size ends its call with RESOURCE_EXHAUSTED."""
+def make_server(service: BookieService, address: str,
+                tls: ReloadingServerCredentials | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with the service bound to address (host:port), over TLS with `tls`
+    (certificates follow their files). A message bigger than the service's max_message_size ends
+    its call with RESOURCE_EXHAUSTED."""
     size = service.limits.max_message_size
     server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", size),
                                       ("grpc.max_send_message_length", size)])
     server.add_generic_rpc_handlers((_method_handlers(service),))
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.credentials) if tls else server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises "Failed to bind to address" when the port is taken
         raise OSError(f"cannot listen for gRPC on {address}: the port is in use or the address is not "
                       f"this host's ({exc})") from None

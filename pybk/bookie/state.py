@@ -2,12 +2,20 @@
 
 The fence/WriteLac key check is a pure function here; the add path makes the same decisions inline
 (Bookie.add_batch), once per ledger run of a batch, because it is the hot path.
+
+A bookie records the first master key it accepts for a ledger. That first key (for a ledger the
+bookie does not know, or knows only from keyless recovery adds) is accepted only when it matches
+the ledger's metadata (`admit_new_key`): nobody can claim an id that is not allocated, nor lock
+the owner out by writing first with a key of their own. Keyless requests (an empty key) are
+recovery adds and fences of an admin (autorecovery); they record no key.
 """
 from __future__ import annotations
 
+import hmac
 import struct
 from dataclasses import dataclass, field
 
+from pybk.entry import key_check
 from pybk.proto import pb
 
 _STATE = struct.Struct(">BBqq")
@@ -39,11 +47,52 @@ class LedgerState:
                    explicit_lac=explicit, deleted=bool(deleted), dirty=False)
 
 
-def check_key(state: LedgerState | None, master_key: bytes) -> int:
-    """Status for a fence or WriteLac: the master key must match the recorded one, if any."""
+# add_batch's answer for entries whose ledger must first be looked up in the metadata (an
+# admission check said LOOKUP); never sent: the service looks it up and adds them again
+LOOKUP = -1
+KEY_MISSING = ("master key missing: only recovery adds and fences of an admin (keyless recovery) "
+               "may omit the ledger's key")
+
+
+def check_key(state: LedgerState | None, master_key: bytes, keyless: bool = False) -> int:
+    """Status for a fence or WriteLac: the master key must match the recorded one, if any. An
+    empty key is BAD_REQUEST unless `keyless` (the caller may do keyless recovery)."""
     if not master_key:
-        return pb.BAD_REQUEST
+        return pb.OK if keyless else pb.BAD_REQUEST
     if state is not None and state.master_key and state.master_key != master_key:
         return pb.UNAUTHORIZED
     return pb.OK
+
+
+def needs_admission(state: LedgerState | None, master_key: bytes) -> bool:
+    """Whether a request's key would be the first key this bookie records for the ledger (it
+    knows no key for it), so that it must be checked against the metadata first."""
+    return bool(master_key) and (state is None or not state.master_key)
+
+
+@dataclass(frozen=True)
+class LedgerKeys:
+    """What the metadata says to verify a ledger's master key with: `key_check` (ledgers created
+    now), else the legacy stored `master_key`; neither: any key is accepted (ledgers of releases
+    that stored nothing)."""
+
+    key_check: bytes = b""
+    master_key: bytes = b""
+
+
+def admit_new_key(ledger: int, master_key: bytes, keys: LedgerKeys | None) -> tuple[int, str]:
+    """(status, why not) for the first key a bookie would record for `ledger`; `keys` is None
+    when the ledger is not in the metadata."""
+    if keys is None:
+        return pb.UNAUTHORIZED, (f"ledger {ledger} is not allocated in the metadata: a bookie accepts keys only "
+                                 f"for existing ledgers")
+    if keys.key_check:
+        ok = hmac.compare_digest(key_check(master_key), keys.key_check)
+    elif keys.master_key:
+        ok = hmac.compare_digest(master_key, keys.master_key)
+    else:
+        ok = True
+    if ok:
+        return pb.OK, ""
+    return pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}: it does not match the ledger's metadata"
 

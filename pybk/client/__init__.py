@@ -8,13 +8,13 @@
 from pybk.entry import DigestType
 
 from .bookkeeper import BookKeeper, ClientOptions
-from .errors import (BKError, BookieUnavailableError, DigestMismatchError, InvalidLedgerConfigError,
-                     LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
+from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestMismatchError,
+                     InvalidLedgerConfigError, LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
                      NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError, UnauthorizedError)
 from .handle import LedgerHandle
 from .types import LedgerEntry
 
-__all__ = ["BookKeeper", "ClientOptions", "DigestType", "LedgerHandle", "LedgerEntry", "BKError",
-           "BookieUnavailableError", "DigestMismatchError", "InvalidLedgerConfigError", "LedgerClosedError",
+__all__ = ["AccessDeniedError", "BookKeeper", "ClientOptions", "DigestType", "LedgerHandle", "LedgerEntry",
+           "BKError", "BookieUnavailableError", "DigestMismatchError", "InvalidLedgerConfigError", "LedgerClosedError",
            "LedgerFencedError", "LedgerRecoveryError", "NoSuchEntryError",
            "NoSuchLedgerError", "NotEnoughBookiesError", "UnauthorizedError"]

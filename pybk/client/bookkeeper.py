@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
 from pybk.bookie.client import BookieClient
-from pybk.entry import DigestType, master_key, password_hash
+from pybk.entry import DigestType, key_check, master_key, password_hash
 from pybk.meta import LedgerMetadata, MetadataStore
 from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedger
+from pybk.security.settings import ClientSecurity
+from pybk.security.roles import Operation, Role, allowed
 
 from . import placement, quorum
 from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError,
@@ -34,21 +36,42 @@ class ClientOptions:
     recovery_batch_size: int = 256        # at most this many entries recovery reads, then re-writes, at once
 
 
+def delete_refusal(ledger_id: int, stored_hash: bytes, password: bytes | None, force: bool,
+                   role: Role | None) -> str:
+    """Why a delete is refused ("" if allowed): the password must match the stored hash, unless
+    `force`, which needs a `role` that may administer (`role` None: unknown)."""
+    if force:
+        if role is not None and allowed(role, Operation.ADMINISTER):
+            return ""
+        return (f"deleting ledger {ledger_id} with force (without its password) needs the admin role; "
+                f"bookies take this client for role {role if role is not None else 'unknown'}")
+    if password is None:
+        return f"deleting ledger {ledger_id} needs its password (or force, as an admin)"
+    if password_hash(password) != stored_hash:
+        return f"wrong password for ledger {ledger_id}: not deleted"
+    return ""
+
+
 class BookKeeper:
     """A connection to a pybk cluster (metadata store + bookies)."""
 
-    def __init__(self, store: MetadataStore, options: ClientOptions | None = None):
+    def __init__(self, store: MetadataStore, options: ClientOptions | None = None,
+                 security: ClientSecurity | None = None):
         self.store = store
         self.options = options or ClientOptions()
+        self.security = security if security is not None else ClientSecurity.from_env()
         self._addresses: dict[str, str] = {}
         self._clients: dict[str, asyncio.Future] = {}
         self._handles: weakref.WeakSet = weakref.WeakSet()
         self.digest_mismatches = 0
 
     @classmethod
-    async def connect(cls, uri: str, options: ClientOptions | None = None) -> "BookKeeper":
-        """Connect to the metadata service at `uri` (etcd://host:port[,host:port]/prefix)."""
-        return cls(await MetadataStore.connect(uri), options)
+    async def connect(cls, uri: str, options: ClientOptions | None = None,
+                      security: ClientSecurity | None = None) -> "BookKeeper":
+        """Connect to the metadata service at `uri` (etcd://host:port[,host:port]/prefix). Bookies
+        are called with `security` (TLS files, token file), by default `ClientSecurity.from_env()`
+        (the client variables of pybk.security.settings.ENV)."""
+        return cls(await MetadataStore.connect(uri), options, security)
 
     async def __aenter__(self) -> "BookKeeper":
         return self
@@ -78,7 +101,8 @@ class BookKeeper:
                             ack_quorum: int | None = None, digest: DigestType = DigestType.CRC32C,
                             password: bytes = b"", metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
         """Create a ledger on `ensemble` bookies chosen by placement; returns its write handle.
-        Its metadata keeps the master key (not the password) so autorecovery can repair it."""
+        Its metadata keeps one-way hashes of the password and of the master key, never the key:
+        bookies verify the key with it, autorecovery repairs the ledger with its admin role."""
         write_quorum = ensemble if write_quorum is None else write_quorum
         ack_quorum = write_quorum if ack_quorum is None else ack_quorum
         try:
@@ -92,7 +116,7 @@ class BookKeeper:
         bookies = placement.choose_ensemble(await self.writable_bookies(), ensemble)
         md = await self.store.ledgers.create(
             bookies, write_quorum, ack_quorum, digest_type=digest, password_hash=password_hash(password),
-            custom=custom, ensemble_size=ensemble, master_key=master_key(password))
+            custom=custom, ensemble_size=ensemble, key_check=key_check(master_key(password)))
         lh = LedgerHandle(self, md, password, writable=True)
         self._handles.add(lh)
         await lh._connect_ensemble()
@@ -114,12 +138,30 @@ class BookKeeper:
                 log.info("ledger %d: could not read the LAC on open: %s", ledger_id, e)
         return lh
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger's metadata; bookies garbage-collect its entries later."""
+    async def delete_ledger(self, ledger_id: int, password: bytes | None = None, force: bool = False) -> None:
+        """Delete a ledger's metadata; bookies garbage-collect its entries later. The password
+        must match the ledger's (UnauthorizedError otherwise); `force` deletes without it, which
+        needs the admin role, proven by asking a bookie who this client is (`caller_role`)."""
+        role = await self.caller_role() if force else None
+        md = await self.ledger_metadata(ledger_id)
+        refusal = delete_refusal(ledger_id, md.password_hash, password, force, role)
+        if refusal:
+            raise UnauthorizedError(refusal)
         try:
-            await self.store.ledgers.delete(ledger_id)
+            await self.store.ledgers.delete(ledger_id)  # the password hash never changes
         except MetaNoSuchLedger:
             raise NoSuchLedgerError(ledger_id) from None
+
+    async def caller_role(self) -> Role:
+        """The role bookies give this client (asked of one registered bookie's Info)."""
+        errors = []
+        for bookie_id in sorted(await self.writable_bookies()) or sorted(await self.store.registry.readonly()):
+            try:
+                return Role.parse((await (await self.client(bookie_id)).info())["caller_role"])
+            except (BookieUnavailableError, ValueError) as exc:
+                errors.append(f"{bookie_id}: {exc}")
+        raise BookieUnavailableError("cannot tell this client's role: no bookie answered who it is"
+                                     + (f" ({'; '.join(errors)})" if errors else " (none is registered)"))
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         """Ids of all ledgers, in order."""
@@ -172,7 +214,7 @@ class BookKeeper:
         fut = self._clients.get(bookie_id)
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
             async def connect():
-                return await BookieClient.connect(await self._address(bookie_id))
+                return await BookieClient.connect(await self._address(bookie_id), security=self.security)
             fut = self._clients[bookie_id] = asyncio.ensure_future(connect())
         try:
             return await asyncio.shield(fut)

@@ -48,6 +48,12 @@ class UnauthorizedError(BKError):
     """Wrong password for the ledger (metadata check) or wrong master key (bookie check)."""
 
 
+class AccessDeniedError(BKError):
+    """A bookie refused this client's credential: none or an unknown one, or a role too low for
+    the operation (see docs/security.md). Not a failed bookie: every bookie would refuse alike,
+    so there is no retry and no ensemble change. The message names the bookie and the cause."""
+
+
 class DigestMismatchError(BKError):
     """An entry failed its digest check on every replica that returned it."""
 

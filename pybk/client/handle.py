@@ -19,8 +19,8 @@ from pybk.meta.ledgers import LedgerMetadata
 from . import reader
 from .close import CloseOutcome, close_at
 from .ensemble_change import EnsembleChange, change_ensemble, not_open_error
-from .errors import (BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError,
-                     UnauthorizedError, status_of)
+from .errors import (AccessDeniedError, BKError, LedgerClosedError, LedgerFencedError,
+                     NotEnoughBookiesError, UnauthorizedError, status_of)
 from .quorum import AckTracker, write_quorums
 from .reaction import Reaction, reaction
 from .types import LedgerEntry
@@ -168,6 +168,9 @@ class LedgerHandle:
                 f"pending adds may or may not be stored: open the ledger to see"))
         elif what is Reaction.UNAUTHORIZED:
             self._fail(UnauthorizedError(f"bookie {bookie} refused the master key of ledger {self.ledger_id}"))
+        elif what is Reaction.DENIED:
+            self._fail(AccessDeniedError(f"bookie {bookie} refused to add to ledger {self.ledger_id}: "
+                                         f"{getattr(exc, 'message', exc)}"))
         elif what is Reaction.REFUSED:
             self._fail(BKError(f"bookie {bookie} refused entry {eid} of ledger {self.ledger_id} as a bad "
                                f"request ({getattr(exc, 'message', exc)}); this handle can add no more"))

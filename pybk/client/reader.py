@@ -14,8 +14,8 @@ from pybk.entry import DigestMismatch, decode
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
-from .errors import (BKError, BookieUnavailableError, DigestMismatchError, NoSuchEntryError,
-                     UnauthorizedError, status_of)
+from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestMismatchError,
+                     NoSuchEntryError, UnauthorizedError, status_of)
 from .quorum import fencing_complete
 from .types import LedgerEntry
 
@@ -95,6 +95,8 @@ def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, B
         raise NoSuchEntryError(f"entry {entry_id} of ledger {ledger_id} is on none of its replicas ({detail})")
     if Status.UNAUTHORIZED in codes:
         raise UnauthorizedError(f"reading entry {entry_id} of ledger {ledger_id}: {detail}")
+    if Status.ACCESS_DENIED in codes:
+        raise AccessDeniedError(f"reading entry {entry_id} of ledger {ledger_id}: {detail}")
     if errors and all(isinstance(e, DigestMismatch) for _, e in errors):
         raise DigestMismatchError(f"entry {entry_id} of ledger {ledger_id} is corrupt on every replica ({detail})")
     raise BookieUnavailableError(f"no replica of entry {entry_id} of ledger {ledger_id} could be read ({detail})")
@@ -246,14 +248,18 @@ async def read_lac(bk: "BookKeeper", md: LedgerMetadata) -> int:
 
     answers: dict[int, int] = {}
     errors: list[str] = []
+    denied = False
     for fut in asyncio.as_completed([one(i) for i in range(len(ensemble))]):
         try:
             i, lac = await fut
             answers[i] = lac
         except Exception as e:
             errors.append(str(e))
+            denied = denied or status_of(e) is Status.ACCESS_DENIED
             continue
     if not fencing_complete(md.ensemble_size, md.write_quorum, md.ack_quorum, answers):
+        if denied:
+            raise AccessDeniedError(f"ledger {lid}: reading the LAC was refused ({'; '.join(errors)})")
         raise BookieUnavailableError(f"ledger {lid}: only {len(answers)} of {len(ensemble)} bookies answered "
                                      f"for the LAC, not enough to cover every write quorum ({'; '.join(errors)})")
     return max(answers.values())

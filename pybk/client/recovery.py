@@ -19,8 +19,9 @@ would fence and read the new bookies, and their NO_ENTRY for an entry not re-wri
 count towards "does not exist", closing the ledger before acked entries. Until the close, the
 metadata names the fenced ensemble, which holds every entry recovery reads.
 
-Autorecovery may not know the password: it fences and re-writes with the master key stored in
-the metadata, and, lacking the password, checks MAC entries structurally only (CRC32C is always
+Autorecovery may not know the password, and the metadata does not hold the master key: it
+fences and re-writes keyless (an empty key), which bookies accept only from a caller with the
+admin role, and, lacking the password, checks MAC entries structurally only (CRC32C is always
 verified; entries are copied verbatim, so readers still verify the MAC).
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pybk.entry import master_key as make_master_key
 from pybk.meta.ledgers import Change, Fragment, LedgerMetadata, LedgerState, Unchanged
 
 from .ensemble_change import next_ensemble, with_fragment
-from .errors import LedgerRecoveryError, NotEnoughBookiesError, UnauthorizedError, status_of
+from .errors import (AccessDeniedError, LedgerRecoveryError, NotEnoughBookiesError, UnauthorizedError,
+                     status_of)
 from .quorum import RecoveryDecision, ReplicaAnswer, fencing_complete, recovery_read_decision
 
 log = logging.getLogger("pybk.client")
@@ -89,6 +91,8 @@ async def _fence(bk, md, mk: bytes) -> int:
                 except Exception as e:
                     if status_of(e) is Status.UNAUTHORIZED:
                         raise UnauthorizedError(f"bookie refused to fence ledger {lid}: wrong password ({e})")
+                    if status_of(e) is Status.ACCESS_DENIED:
+                        raise AccessDeniedError(f"bookie refused to fence ledger {lid}: {e}")
                     errors.append(str(e))
                     continue
                 answers[i] = lac
@@ -273,6 +277,8 @@ async def _rewrite_batch(bk, view: LedgerMetadata, mk: bytes, first: int, bodies
         elif fut.exception() is not None:
             if status_of(fut.exception()) is Status.UNAUTHORIZED:
                 raise UnauthorizedError(f"bookie {b} refused the master key of ledger {lid}: {fut.exception()}")
+            if status_of(fut.exception()) is Status.ACCESS_DENIED:
+                raise AccessDeniedError(f"bookie {b} refused a recovery add to ledger {lid}: {fut.exception()}")
             failures[i][b] = str(fut.exception())
     return failures
 
@@ -328,18 +334,19 @@ async def _rewrite(bk, view: LedgerMetadata, mk: bytes, first: int,
     return view
 
 
-async def recover(bk, md, password: bytes | None, master_key: bytes | None = None):
+async def recover(bk, md, password: bytes | None, keyless: bool = False):
     """Fence, recover and close an OPEN or IN_RECOVERY ledger; returns its CLOSED metadata.
 
-    With password None (autorecovery without it), bookies get `master_key` (default: the one
-    stored in md) and MAC digests are not verified; UnauthorizedError if no key is stored."""
+    Bookies get the master key of `password`, or with `keyless` (autorecovery, acting with its
+    admin role) no key. Password None (keyless only): MAC digests are checked structurally."""
     ledgers = bk.store.ledgers
     lid = md.ledger_id
-    mk = master_key
-    if mk is None:
-        mk = make_master_key(password) if password is not None else md.master_key
-    if not mk:
-        raise UnauthorizedError(f"ledger {lid} stores no master key: recovering it needs its password")
+    if keyless:
+        mk = b""
+    elif password is None:
+        raise UnauthorizedError(f"recovering ledger {lid} needs its password (or keyless recovery, as an admin)")
+    else:
+        mk = make_master_key(password)
 
     md = (await ledgers.update(lid, to_recovery, current=md)).metadata
     if md.is_closed:

@@ -93,8 +93,8 @@ class BookKeeper:
         return LedgerHandle(self._loop, self._loop.run_until_complete(
             self._bk.open_ledger(ledger_id, password, recovery)))
 
-    def delete_ledger(self, ledger_id: int) -> None:
-        self._loop.run_until_complete(self._bk.delete_ledger(ledger_id))
+    def delete_ledger(self, ledger_id: int, password: bytes | None = None, force: bool = False) -> None:
+        self._loop.run_until_complete(self._bk.delete_ledger(ledger_id, password, force))
 
     def list_ledgers(self) -> Iterator[int]:
         async def go():

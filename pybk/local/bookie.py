@@ -50,21 +50,31 @@ class BookieProcess(ChildProcess):
         return f"{self.host}:{self.port}"
 
     @property
+    def tls(self) -> bool:
+        """Whether its ports serve TLS (it was given tls_cert)."""
+        return bool(self.options.get("tls_cert"))
+
+    @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
+    @property
+    def http_security(self):
+        """What its admin HTTP is called with: its own tls_* (verifying with its tls_ca) and token_file."""
+        from pybk.security.settings import ClientSecurity
+        return ClientSecurity.from_mapping(self.options)
 
     def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        from pybk.security.web import admin_urlopen
         try:
-            with urllib.request.urlopen(self.http_url + path, timeout=timeout) as resp:
+            with admin_urlopen(self.http_url + path, self.http_security, timeout=timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 5.0):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.http_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        from pybk.security.web import admin_urlopen
+        with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
             return json.loads(resp.read())
 
     def is_ready(self) -> bool:

@@ -1,6 +1,7 @@
 """Metadata on etcd: ledger metadata with CAS, id allocation, bookie registry, cookies, markers, election.
 
     store = await MetadataStore.connect("etcd://host:port[,host:port]/prefix[?timeout=5&lease_ttl=10]")
+    (TLS and etcd users: `?tls_ca=...&user=...&password_file=...`, see pybk.meta.uri)
     store.ledgers           create / get / cas / update / delete / list / pages / list_metadata / count / watch
     store.registry          register / set_readonly / unregister / writable / readonly / all / get / watch
     store.cluster           instance_id()
@@ -17,8 +18,9 @@ endpoints when etcd does not answer; the connection and the session recover by t
 """
 from .cookies import Cookie
 from .errors import (BadMetadataError, BadMetadataUriError, BookieIdInUseError, CookieMismatchError,
-                     LedgerExistsError, LockLostError, MetadataError, MetadataUnavailableError,
-                     NoSuchLedgerError, SessionClosedError, VersionConflictError, WatchCompactedError)
+                     LedgerExistsError, LockLostError, MetadataAuthError, MetadataError, MetadataPermissionError,
+                     MetadataTlsError, MetadataUnavailableError, NoSuchLedgerError, SessionClosedError,
+                     VersionConflictError, WatchCompactedError)
 from .ledgers import Fragment, LedgerMetadata, LedgerState
 from .registry import BookieEvent, BookieInfo
 from .store import MetadataStore
@@ -27,6 +29,7 @@ from .uri import MetadataUri, parse as parse_uri
 __all__ = [
     "BadMetadataError", "BadMetadataUriError", "BookieEvent", "BookieIdInUseError", "BookieInfo", "Cookie",
     "CookieMismatchError", "Fragment", "LedgerExistsError", "LedgerMetadata", "LedgerState", "LockLostError",
-    "MetadataError", "MetadataStore", "MetadataUnavailableError", "MetadataUri", "NoSuchLedgerError",
-    "SessionClosedError", "VersionConflictError", "WatchCompactedError", "parse_uri",
+    "MetadataAuthError", "MetadataError", "MetadataPermissionError", "MetadataStore", "MetadataTlsError",
+    "MetadataUnavailableError", "MetadataUri", "NoSuchLedgerError", "SessionClosedError",
+    "VersionConflictError", "WatchCompactedError", "parse_uri",
 ]

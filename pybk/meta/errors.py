@@ -18,6 +18,25 @@ class MetadataUnavailableError(MetadataError):
         super().__init__(f"etcd at {endpoints} is unreachable: {detail}")
 
 
+class MetadataTlsError(MetadataUnavailableError):
+    """The TLS handshake with etcd failed (wrong CA, refused client certificate, TLS to a plaintext
+    port or the reverse); the message names the endpoint(s) and the cause. Retried like any
+    unreachable etcd, since certificates can be fixed while a process waits."""
+
+    def __init__(self, endpoints: str, detail: str):
+        self.endpoints = endpoints
+        MetadataError.__init__(self, f"TLS handshake with etcd at {endpoints} failed: {detail}")
+
+
+class MetadataAuthError(MetadataError):
+    """etcd refused who we are: wrong password or unknown user, or etcd requires authentication
+    and none is configured. The message names the user (never the password)."""
+
+
+class MetadataPermissionError(MetadataAuthError):
+    """etcd knows the user but its roles do not allow the operation on that key."""
+
+
 class NoSuchLedgerError(MetadataError, KeyError):
     """The ledger has no metadata (never created, or deleted)."""
 

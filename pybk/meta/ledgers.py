@@ -76,8 +76,10 @@ class LedgerMetadata:
     custom: dict[str, bytes] = field(default_factory=dict)
     fragments: list[Fragment] = field(default_factory=list)
     version: int = 0
-    # the key bookies check (pybk.entry.master_key), stored so autorecovery can re-replicate and
-    # fence without the password; b"" for ledgers created before it was stored
+    # pybk.entry.key_check of the master key: bookies verify a ledger's first key against it
+    key_check: bytes = field(default=b"", repr=False)
+    # legacy: the master key itself, stored by earlier releases (read, never written any more);
+    # b"" for every ledger created now (docs/security.md: why the key is not in the metadata)
     master_key: bytes = field(default=b"", repr=False)
 
     @property
@@ -154,7 +156,7 @@ class LedgerMetadata:
                   last_entry_id=self.last_entry_id, length=self.length,
                   digest_type=_DIGEST_TO_PB[self.digest_type], password_hash=self.password_hash,
                   ctime_ms=self.ctime_ms, custom={k: bytes(v) for k, v in self.custom.items()},
-                  master_key=self.master_key)
+                  master_key=self.master_key, key_check=self.key_check)
         for frag in self.fragments:
             msg.fragments.add(first_entry_id=frag.first_entry_id, bookies=frag.bookies)
         return msg.SerializeToString(deterministic=True)
@@ -177,11 +179,11 @@ class LedgerMetadata:
                    digest_type=_DIGEST_FROM_PB[msg.digest_type], password_hash=msg.password_hash,
                    ctime_ms=msg.ctime_ms, custom=dict(msg.custom),
                    fragments=[Fragment(f.first_entry_id, list(f.bookies)) for f in msg.fragments],
-                   version=version, master_key=msg.master_key)
+                   version=version, master_key=msg.master_key, key_check=msg.key_check)
 
     def to_json(self) -> dict:
-        """A view for humans and `-o json`: bytes as base64, the password hash as hex. The master
-        key is never shown (it grants writes and fences on bookies): only whether one is stored."""
+        """A view for humans and `-o json`: bytes as base64, the password hash as hex. Neither the
+        key check nor a legacy master key is shown (the view is for reading, not for writing)."""
         out = {"ledger_id": self.ledger_id, "ensemble_size": self.ensemble_size,
                "write_quorum": self.write_quorum, "ack_quorum": self.ack_quorum, "state": self.state.value,
                "last_entry_id": self.last_entry_id, "length": self.length,
@@ -191,14 +193,12 @@ class LedgerMetadata:
                "fragments": [{"first_entry_id": f.first_entry_id, "bookies": list(f.bookies)}
                              for f in self.fragments],
                "version": self.version}
-        if self.master_key:
-            out["master_key"] = "stored"
         return out
 
     @classmethod
     def from_json(cls, d: dict) -> "LedgerMetadata":
-        """Inverse of to_json, except for the master key, which to_json does not reveal: the
-        result has none (b""), so it cannot stand in for stored metadata that has one."""
+        """Inverse of to_json, except for the key check and a legacy master key, which to_json does
+        not show: the result has none (b""), so it cannot stand in for the stored metadata."""
         try:
             return cls(ledger_id=int(d["ledger_id"]), ensemble_size=int(d["ensemble_size"]),
                        write_quorum=int(d["write_quorum"]), ack_quorum=int(d["ack_quorum"]),
@@ -299,15 +299,15 @@ class Ledgers:
     async def create(self, ensemble: list[str], write_quorum: int, ack_quorum: int, *,
                      digest_type: DigestType = DigestType.CRC32C, password_hash: bytes = b"",
                      custom: dict[str, bytes] | None = None, ensemble_size: int | None = None,
-                     ledger_id: int | None = None, master_key: bytes = b"") -> LedgerMetadata:
+                     ledger_id: int | None = None, key_check: bytes = b"") -> LedgerMetadata:
         """Store metadata of a new OPEN ledger with one fragment on `ensemble`; allocates the id
-        unless ledger_id is given (then LedgerExistsError if it is taken). `master_key` is the key
-        bookies check, kept for autorecovery (see LedgerMetadata.master_key)."""
+        unless ledger_id is given (then LedgerExistsError if it is taken). `key_check` lets bookies
+        verify the ledger's master key (pybk.entry.key_check); the key itself is not stored."""
         md = LedgerMetadata(ledger_id=ledger_id or 1, ensemble_size=ensemble_size or len(ensemble),
                             write_quorum=write_quorum, ack_quorum=ack_quorum, digest_type=digest_type,
                             password_hash=bytes(password_hash), ctime_ms=int(time.time() * 1000),
                             custom=dict(custom or {}), fragments=[Fragment(0, list(ensemble))],
-                            master_key=bytes(master_key))
+                            key_check=bytes(key_check))
         md.validate()
         while True:
             md.ledger_id = ledger_id if ledger_id is not None else await self.allocate_id()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\tpybk.meta\"3\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x12\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\"\xbc\x04\n\x14LedgerMetadataFormat\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x15\n\rensemble_size\x18\x03 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x04 \x01(\r\x12\x12\n\nack_quorum\x18\x05 \x01(\r\x12\x34\n\x05state\x18\x06 \x01(\x0e\x32%.pybk.meta.LedgerMetadataFormat.State\x12\x15\n\rlast_entry_id\x18\x07 \x01(\x12\x12\x0e\n\x06length\x18\x08 \x01(\x04\x12;\n\x0b\x64igest_type\x18\t \x01(\x0e\x32&.pybk.meta.LedgerMetadataFormat.Digest\x12\x15\n\rpassword_hash\x18\n \x01(\x0c\x12\x10\n\x08\x63time_ms\x18\x0b \x01(\x03\x12;\n\x06\x63ustom\x18\x0c \x03(\x0b\x32+.pybk.meta.LedgerMetadataFormat.CustomEntry\x12&\n\tfragments\x18\r \x03(\x0b\x32\x13.pybk.meta.Fragment\x12\x12\n\nmaster_key\x18\x0e \x01(\x0c\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\x1d\n\x06\x44igest\x12\n\n\x06\x43RC32C\x10\x00\x12\x07\n\x03MAC\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\tpybk.meta\"3\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x12\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\"\xcf\x04\n\x14LedgerMetadataFormat\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x15\n\rensemble_size\x18\x03 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x04 \x01(\r\x12\x12\n\nack_quorum\x18\x05 \x01(\r\x12\x34\n\x05state\x18\x06 \x01(\x0e\x32%.pybk.meta.LedgerMetadataFormat.State\x12\x15\n\rlast_entry_id\x18\x07 \x01(\x12\x12\x0e\n\x06length\x18\x08 \x01(\x04\x12;\n\x0b\x64igest_type\x18\t \x01(\x0e\x32&.pybk.meta.LedgerMetadataFormat.Digest\x12\x15\n\rpassword_hash\x18\n \x01(\x0c\x12\x10\n\x08\x63time_ms\x18\x0b \x01(\x03\x12;\n\x06\x63ustom\x18\x0c \x03(\x0b\x32+.pybk.meta.LedgerMetadataFormat.CustomEntry\x12&\n\tfragments\x18\r \x03(\x0b\x32\x13.pybk.meta.Fragment\x12\x12\n\nmaster_key\x18\x0e \x01(\x0c\x12\x11\n\tkey_check\x18\x0f \x01(\x0c\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\x1d\n\x06\x44igest\x12\n\n\x06\x43RC32C\x10\x00\x12\x07\n\x03MAC\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FRAGMENT']._serialized_start=29
   _globals['_FRAGMENT']._serialized_end=80
   _globals['_LEDGERMETADATAFORMAT']._serialized_start=83
-  _globals['_LEDGERMETADATAFORMAT']._serialized_end=655
-  _globals['_LEDGERMETADATAFORMAT_CUSTOMENTRY']._serialized_start=531
-  _globals['_LEDGERMETADATAFORMAT_CUSTOMENTRY']._serialized_end=576
-  _globals['_LEDGERMETADATAFORMAT_STATE']._serialized_start=578
-  _globals['_LEDGERMETADATAFORMAT_STATE']._serialized_end=624
-  _globals['_LEDGERMETADATAFORMAT_DIGEST']._serialized_start=626
-  _globals['_LEDGERMETADATAFORMAT_DIGEST']._serialized_end=655
+  _globals['_LEDGERMETADATAFORMAT']._serialized_end=674
+  _globals['_LEDGERMETADATAFORMAT_CUSTOMENTRY']._serialized_start=550
+  _globals['_LEDGERMETADATAFORMAT_CUSTOMENTRY']._serialized_end=595
+  _globals['_LEDGERMETADATAFORMAT_STATE']._serialized_start=597
+  _globals['_LEDGERMETADATAFORMAT_STATE']._serialized_end=643
+  _globals['_LEDGERMETADATAFORMAT_DIGEST']._serialized_start=645
+  _globals['_LEDGERMETADATAFORMAT_DIGEST']._serialized_end=674
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ class Fragment(_message.Message):
     def __init__(self, first_entry_id: _Optional[int] = ..., bookies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LedgerMetadataFormat(_message.Message):
-    __slots__ = ("format_version", "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "digest_type", "password_hash", "ctime_ms", "custom", "fragments", "master_key")
+    __slots__ = ("format_version", "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "digest_type", "password_hash", "ctime_ms", "custom", "fragments", "master_key", "key_check")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OPEN: _ClassVar[LedgerMetadataFormat.State]
@@ -52,6 +52,7 @@ class LedgerMetadataFormat(_message.Message):
     CUSTOM_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    KEY_CHECK_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     ledger_id: int
     ensemble_size: int
@@ -66,4 +67,5 @@ class LedgerMetadataFormat(_message.Message):
     custom: _containers.ScalarMap[str, bytes]
     fragments: _containers.RepeatedCompositeFieldContainer[Fragment]
     master_key: bytes
-    def __init__(self, format_version: _Optional[int] = ..., ledger_id: _Optional[int] = ..., ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerMetadataFormat.State, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., digest_type: _Optional[_Union[LedgerMetadataFormat.Digest, str]] = ..., password_hash: _Optional[bytes] = ..., ctime_ms: _Optional[int] = ..., custom: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[Fragment, _Mapping]]] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    key_check: bytes
+    def __init__(self, format_version: _Optional[int] = ..., ledger_id: _Optional[int] = ..., ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerMetadataFormat.State, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., digest_type: _Optional[_Union[LedgerMetadataFormat.Digest, str]] = ..., password_hash: _Optional[bytes] = ..., ctime_ms: _Optional[int] = ..., custom: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[Fragment, _Mapping]]] = ..., master_key: _Optional[bytes] = ..., key_check: _Optional[bytes] = ...) -> None: ...

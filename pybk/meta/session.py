@@ -21,7 +21,7 @@ import grpc
 from aetcd import rpc
 
 from .errors import MetadataError, MetadataUnavailableError, SessionClosedError
-from .etcd import CHANNEL_OPTIONS, Etcd, grpc_target
+from .etcd import Etcd, classify
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,14 @@ class LeaseKeeper(threading.Thread):
 
     def __init__(self, etcd: Etcd, ttl: int):
         super().__init__(name="pybk-lease-keeper", daemon=True)
+        self.etcd = etcd
         self.ttl = ttl
         self.timeout = max(0.2, min(etcd.timeout, ttl / 2))
         self.lease: int | None = None
         self.status: tuple[int | None, float, bool] = (None, 0.0, True)
-        self._channel = grpc.insecure_channel(grpc_target(etcd.uri.endpoints), options=CHANNEL_OPTIONS)
+        self.refused_token: str | None = None  # a token etcd refused a keepalive for (the loop renews it)
+        self._generation = etcd.channel_generation
+        self._channel = etcd.open_channel(grpc)
         self._stub = rpc.LeaseStub(self._channel)
         self._stopping = threading.Event()
 
@@ -55,20 +58,33 @@ class LeaseKeeper(threading.Thread):
 
     def run(self) -> None:
         while not self._stopping.is_set():
+            if self._generation != self.etcd.channel_generation:
+                self._reopen()
             lease = self.lease
             renewed = lease is None or self._renew(lease)
             self._stopping.wait(max(0.1, self.ttl / 3) if renewed else 0.1)
 
+    def _reopen(self) -> None:
+        """A new channel, since the connection's TLS files changed (Etcd.reload_tls)."""
+        self._generation = self.etcd.channel_generation
+        old, self._channel = self._channel, self.etcd.open_channel(grpc)
+        self._stub = rpc.LeaseStub(self._channel)
+        old.close()
+
     def _renew(self, lease: int) -> bool:
         """One keepalive; False if etcd did not answer (the caller retries soon)."""
         sent = time.monotonic()
+        token = self.etcd.token
         try:
             answers = self._stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=self.timeout,
-                                                wait_for_ready=True)
+                                                wait_for_ready=True, metadata=self.etcd.call_metadata(token))
             resp = next(answers)
             answers.cancel()
         except (grpc.RpcError, StopIteration) as exc:
             log.debug("keepalive of lease %x: %r", lease, exc)
+            details = exc.details() if hasattr(exc, "details") else None
+            if token and classify(details).resend_after_authenticating:
+                self.refused_token = token
             return False
         current, expires, _ = self.status
         if current == lease:
@@ -226,6 +242,9 @@ class Session:
             try:
                 if self._lease is None:
                     await self._grant()
+                if self._keeper.refused_token is not None:
+                    refused, self._keeper.refused_token = self._keeper.refused_token, None
+                    await self.etcd.authenticate(stale=refused, refresh=True)
                 lease, expires, alive = self._keeper.status
                 if lease == self._lease and (not alive or time.monotonic() >= expires):
                     self._declare_lost()

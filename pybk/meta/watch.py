@@ -15,8 +15,8 @@ from typing import AsyncIterator
 import grpc
 from aetcd import rpc
 
-from .errors import MetadataError, WatchCompactedError
-from .etcd import Etcd
+from .errors import MetadataUnavailableError, WatchCompactedError
+from .etcd import Etcd, Refusal, classify
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,14 @@ class WatchEvent:
     prev_value: bytes | None = None
 
 
+class _Cancelled(Exception):
+    """etcd cancelled the watch; reason is its cancel_reason."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Watch:
     """`async for event in watch` over [key, range_end) from start_revision (0 = from now)."""
 
@@ -51,6 +59,8 @@ class Watch:
         self._buffer: collections.deque[WatchEvent] = collections.deque()
         self._call = None
         self._closed = False
+        self._token: str | None = None    # the token the stream was opened with
+        self._resent = False              # a refused create was already sent again with a fresh token
 
     def __aiter__(self) -> "Watch":
         return self
@@ -72,7 +82,8 @@ class Watch:
             self._call = None
 
     async def _open(self) -> None:
-        call = self.etcd.watch.Watch(wait_for_ready=True)
+        self._token = await self.etcd.authenticate()
+        call = self.etcd.watch.Watch(wait_for_ready=True, metadata=self.etcd.call_metadata(self._token))
         try:
             create = rpc.WatchCreateRequest(key=self.key, range_end=self.range_end,
                                             start_revision=self.next_revision, prev_kv=self.prev_kv)
@@ -84,6 +95,20 @@ class Watch:
             call.cancel()
             self._call = None
             raise
+        self._resent = False
+
+    async def _refused(self, reason: str) -> None:
+        """etcd cancelled the watch (reason: its cancel_reason). etcd 3.5 says "permission denied"
+        for a watch whose token it no longer knows (it restarted): with a user, authenticate again
+        and let the caller reopen, once; otherwise raise the refusal naming who and what."""
+        self._drop()
+        refusal = classify(reason)
+        if (self.etcd.uri.user and not self._resent
+                and (refusal.resend_after_authenticating or refusal == Refusal.PERMISSION_DENIED)):
+            self._resent = True
+            await self.etcd.authenticate(stale=self._token, refresh=True)
+            return
+        raise self.etcd.refused(refusal, f"the watch on {self.key.decode(errors='replace')}", reason)
 
     def _take(self, resp) -> None:
         if resp is grpc.aio.EOF:
@@ -91,8 +116,7 @@ class Watch:
         if resp.compact_revision:
             raise WatchCompactedError(resp.compact_revision)
         if resp.canceled:
-            raise MetadataError(f"etcd at {self.etcd.endpoints} cancelled the watch on "
-                                f"{self.key.decode(errors='replace')}: {resp.cancel_reason}")
+            raise _Cancelled(resp.cancel_reason)
         if self.next_revision == 0:
             self.next_revision = resp.header.revision + 1
         for ev in resp.events:
@@ -113,7 +137,9 @@ class Watch:
                     continue
                 self._take(await self._call.read())
                 delay = 0.1
-            except (grpc.aio.AioRpcError, ConnectionError, grpc.aio.UsageError) as exc:
+            except _Cancelled as cancelled:
+                await self._refused(cancelled.reason)
+            except (grpc.aio.AioRpcError, ConnectionError, grpc.aio.UsageError, MetadataUnavailableError) as exc:
                 if self._closed:
                     raise StopAsyncIteration from None
                 log.info("watch on %s broke (%s); resuming from revision %d",

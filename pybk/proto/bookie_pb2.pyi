@@ -18,6 +18,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCED: _ClassVar[Status]
     READ_ONLY: _ClassVar[Status]
     TOO_MANY_REQUESTS: _ClassVar[Status]
+    ACCESS_DENIED: _ClassVar[Status]
 
 class AddFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ UNAUTHORIZED: Status
 FENCED: Status
 READ_ONLY: Status
 TOO_MANY_REQUESTS: Status
+ACCESS_DENIED: Status
 ADD_NONE: AddFlag
 RECOVERY_ADD: AddFlag
 READ_NONE: ReadFlag
@@ -169,7 +171,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "read_only", "free_bytes", "total_bytes", "version", "zone", "ledger_count")
+    __slots__ = ("bookie_id", "read_only", "free_bytes", "total_bytes", "version", "zone", "ledger_count", "caller", "caller_role")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +179,8 @@ class InfoResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     LEDGER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CALLER_ROLE_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     read_only: bool
     free_bytes: int
@@ -184,7 +188,9 @@ class InfoResponse(_message.Message):
     version: str
     zone: str
     ledger_count: int
-    def __init__(self, bookie_id: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., ledger_count: _Optional[int] = ...) -> None: ...
+    caller: str
+    caller_role: str
+    def __init__(self, bookie_id: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., version: _Optional[str] = ..., zone: _Optional[str] = ..., ledger_count: _Optional[int] = ..., caller: _Optional[str] = ..., caller_role: _Optional[str] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
     __slots__ = ("ledger_id",)

@@ -13,11 +13,10 @@
   `pybk shell` commands listunderreplicated, whoisauditor, triggeraudit, decommission, recover.
 - process.py: `AutoRecoveryProcess`, a real `pybk autorecovery` child process.
 
-Ledger metadata stores the master key bookies check on adds and fences (derived from the
-password; never the password itself), as BookKeeper >= 4.6 keeps ledger credentials in metadata,
-so autorecovery re-replicates and fences ledgers without knowing their passwords. A configured
-password (`--ledger-password`, `PYBK_LEDGER_PASSWORDS`; the empty password is always tried) is
-still used when its hash matches the metadata's: then MAC digests are verified while copying
-(without it only their length and ids are checked), and it is the only way to repair ledgers
-created before the key was stored.
+Ledger metadata holds no master key (only one-way hashes: docs/security.md), so autorecovery
+re-replicates and fences ledgers without their keys: its copies and fences are keyless, which
+bookies accept only from a caller with the `admin` role (its own credential; every caller when
+security is off). A configured password (`--ledger-password`, `PYBK_LEDGER_PASSWORDS`; the empty
+password is always tried) is still used when its hash matches the metadata's: then MAC digests
+are verified while copying (without it only their length and ids are checked).
 """

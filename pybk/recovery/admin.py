@@ -9,6 +9,9 @@ from typing import Callable
 
 import aiohttp
 
+from pybk.security.settings import ClientSecurity
+from pybk.security.web import admin_headers, admin_ssl
+
 from . import decommission, plan
 from .service import ELECTION
 
@@ -34,8 +37,10 @@ async def who_is_auditor(store) -> dict | None:
         return {"id": value, "http": ""}
 
 
-async def trigger_audit(store, timeout: float = 10.0) -> dict:
-    """Ask the elected auditor (through its admin API) to run the periodic check now."""
+async def trigger_audit(store, timeout: float = 10.0, security: ClientSecurity | None = None) -> dict:
+    """Ask the elected auditor (through its admin API, with security's CA and token, by default
+    from the environment) to run the periodic check now."""
+    security = security if security is not None else ClientSecurity.from_env()
     who = await who_is_auditor(store)
     if who is None:
         raise AdminError("no auditor is elected: start `pybk autorecovery` (or a bookie with --autorecovery)")
@@ -45,7 +50,7 @@ async def trigger_audit(store, timeout: float = 10.0) -> dict:
     url = decommission.http_url(who["http"], "/api/v1/autorecovery/trigger_audit?forwarded=1")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
-            async with s.put(url) as resp:
+            async with s.put(url, ssl=admin_ssl(security), headers=admin_headers(security)) as resp:
                 body = await resp.text()
                 if resp.status >= 400:
                     raise AdminError(f"{url} answered {resp.status}: {body[:200]}")
@@ -61,10 +66,11 @@ async def decommissions(store) -> dict:
 
 async def decommission_bookie(store, bookie_id: str, wait: bool = True,
                               on_progress: Callable[[plan.DrainProgress], None] | None = None,
-                              timeout: float | None = None) -> dict:
-    """Start draining a bookie; with wait, return once no ledger references it and its cookie is
-    deleted (the elected auditor finishes drains, so one must be running)."""
-    started = await decommission.start(store, bookie_id)
+                              timeout: float | None = None, security: ClientSecurity | None = None) -> dict:
+    """Start draining a bookie (its admin API called with `security`); with wait, return once no
+    ledger references it and its cookie is deleted (the elected auditor finishes drains, so one
+    must be running)."""
+    started = await decommission.start(store, bookie_id, security)
     if not wait:
         return started
     if await who_is_auditor(store) is None:

@@ -6,6 +6,7 @@ import logging
 
 from pybk.bookie.client import BookieClient
 from pybk.meta.registry import READONLY
+from pybk.security.settings import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -15,10 +16,12 @@ class BookieUnavailable(Exception):
 
 
 class BookiePool:
-    """One BookieClient per bookie id, resolved through the registry; dropped on errors."""
+    """One BookieClient per bookie id, resolved through the registry; dropped on errors. Bookies
+    are called with `security` (default: the client variables of pybk.security.settings.ENV)."""
 
-    def __init__(self, store):
+    def __init__(self, store, security: ClientSecurity | None = None):
         self.store = store
+        self.security = security if security is not None else ClientSecurity.from_env()
         self._clients: dict[str, BookieClient] = {}
         self._addresses: dict[str, str] = {}
         self._lock = asyncio.Lock()
@@ -49,7 +52,7 @@ class BookiePool:
             if address is None:
                 raise BookieUnavailable(f"bookie {bookie_id} is not registered")
             try:
-                client = await BookieClient.connect(address)
+                client = await BookieClient.connect(address, security=self.security)
             except Exception as exc:
                 raise BookieUnavailable(f"bookie {bookie_id} at {address}: {exc}") from exc
             self._clients[bookie_id] = client

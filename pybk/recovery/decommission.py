@@ -17,6 +17,8 @@ import aiohttp
 
 from pybk.meta import VersionConflictError
 from pybk.meta.decommission import DONE, DRAINING, FAILED, REQUESTED
+from pybk.security.settings import ClientSecurity
+from pybk.security.web import admin_headers, admin_ssl
 
 from . import plan
 
@@ -35,17 +37,20 @@ class UnknownBookieError(DecommissionError):
 
 
 def http_url(address: str, path: str) -> str:
-    """URL of path on an admin endpoint advertised as host:port or http://host:port."""
+    """URL of path on an admin endpoint advertised as host:port or http(s)://host:port."""
     base = address if "://" in address else f"http://{address}"
     return base.rstrip("/") + path
 
 
-async def set_readonly(http_address: str, timeout: float = 10.0) -> None:
-    """Ask a bookie's admin API to turn read-only (it then rejects adds with READ_ONLY)."""
+async def set_readonly(http_address: str, timeout: float = 10.0, security: ClientSecurity | None = None) -> None:
+    """Ask a bookie's admin API to turn read-only (it then rejects adds with READ_ONLY); with
+    security's CA and token (default: from the environment), as the endpoint needs `admin`."""
+    security = security if security is not None else ClientSecurity.from_env()
     url = http_url(http_address, "/api/v1/bookie/state/readonly")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
-            async with s.put(url, json={"readOnly": True}) as resp:
+            async with s.put(url, json={"readOnly": True}, ssl=admin_ssl(security),
+                             headers=admin_headers(security)) as resp:
                 if resp.status >= 400:
                     raise DecommissionError(f"{url} answered {resp.status}: {(await resp.text())[:200]}")
     except aiohttp.ClientError as exc:
@@ -57,8 +62,9 @@ async def referencing_ledgers(store, bookie_id: str) -> list[int]:
     return [md.ledger_id async for md in store.ledgers.list_metadata() if plan.referencing(md.fragments, bookie_id)]
 
 
-async def start(store, bookie_id: str) -> dict:
-    """Begin draining a bookie: read-only, drain request, markers. Returns the request's state."""
+async def start(store, bookie_id: str, security: ClientSecurity | None = None) -> dict:
+    """Begin draining a bookie: read-only (its admin API called with `security`), drain request,
+    markers. Returns the request's state."""
     state, info = await store.registry.get(bookie_id)
     cookie = await store.cookies.get(bookie_id)
     ledgers = await referencing_ledgers(store, bookie_id)
@@ -74,7 +80,7 @@ async def start(store, bookie_id: str) -> dict:
                                 f"but only {len(others)} other writable bookies are left to take its place; "
                                 "add a bookie first")
     if info is not None and info.http:
-        await set_readonly(info.http)
+        await set_readonly(info.http, security=security)
     elif info is not None:
         log.warning("bookie %s advertises no admin endpoint; draining without making it read-only", bookie_id)
     rec = await store.decommission.request(bookie_id)

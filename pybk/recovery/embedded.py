@@ -35,11 +35,12 @@ class Embedded:
 
 
 def mount(app: web.Application, store, metadata_uri: str, name: str, http_address: str,
-          options: RecoveryOptions | None = None) -> Embedded:
+          options: RecoveryOptions | None = None, security=None) -> Embedded:
     """Add the autorecovery routes to app (before it starts); with options, prepare an AutoRecovery
-    on `store` that runs with them."""
+    on `store` that runs with them. `security` (ClientSecurity) is what it presents to bookies and
+    other admin APIs."""
     recovery = None
     if options is not None:
-        recovery = AutoRecovery(store, metadata_uri, options, name=name, http=http_address)
-    http.add_routes(app, store, recovery)
+        recovery = AutoRecovery(store, metadata_uri, options, name=name, http=http_address, security=security)
+    http.add_routes(app, store, recovery, security)
     return Embedded(recovery)

@@ -32,8 +32,10 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
 
 
-def add_routes(app: web.Application, store, recovery=None) -> None:
-    """Mount the routes on an aiohttp app. `recovery` is this process's AutoRecovery, if any."""
+def add_routes(app: web.Application, store, recovery=None, security=None) -> None:
+    """Mount the routes on an aiohttp app. `recovery` is this process's AutoRecovery, if any;
+    `security` (a ClientSecurity) is what this process presents when it calls other admin APIs
+    (the auditor's, a bookie's). Who may call these routes is the app's middleware's business."""
 
     async def status(request: web.Request) -> web.Response:
         if recovery is not None:
@@ -57,7 +59,7 @@ def add_routes(app: web.Application, store, recovery=None) -> None:
         if request.query.get("forwarded"):
             return _error(503, "this process is no longer the auditor; ask again")
         try:
-            return _json(await admin.trigger_audit(store))
+            return _json(await admin.trigger_audit(store, security=security))
         except admin.AdminError as exc:
             return _error(503, str(exc))
 
@@ -73,7 +75,7 @@ def add_routes(app: web.Application, store, recovery=None) -> None:
             return _error(400, "missing bookie_id (JSON body {\"bookie_id\": ...} or ?bookie_id=)")
         try:
             check_bookie_id(bookie_id)
-            return _json(await decommission.start(store, bookie_id), 202)
+            return _json(await decommission.start(store, bookie_id, security), 202)
         except (decommission.DecommissionError, BadMetadataError) as exc:
             return _error(400, str(exc))
 

@@ -5,9 +5,13 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from typing import Any, Mapping
 
 from pybk import config
+from pybk.security.auth import AuthFileError
+from pybk.security.server import SecurityConfigError, ServerSecurity
+from pybk.security.tls import CertificateError
 
 from .options import RecoveryOptions, from_config
 
@@ -16,11 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_options(parser, config.AUTORECOVERY)
 
 
-async def serve(cfg: Mapping[str, Any], options: RecoveryOptions) -> None:
+async def serve(cfg: Mapping[str, Any], options: RecoveryOptions, security: ServerSecurity) -> None:
     from aiohttp import web
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from pybk.meta import MetadataStore
+    from pybk.security.web import admin_middleware
 
     from . import http
     from .service import AutoRecovery
@@ -29,13 +34,15 @@ async def serve(cfg: Mapping[str, Any], options: RecoveryOptions) -> None:
     runner = None
     try:
         address = ""
-        app = web.Application()
+        app = web.Application(middlewares=[admin_middleware(security.authenticator, security.open_paths)])
         if cfg["http_port"]:
             address = f"{cfg['http_host']}:{cfg['http_port']}"
+            if security.tls:  # advertised for the auditor's admin API; host:port means http
+                address = f"https://{address}"
         recovery = AutoRecovery(store, cfg["metadata_uri"], options, name=cfg["name"], http=address,
-                                worker=not cfg["no_worker"])
+                                worker=not cfg["no_worker"], security=security.client)
         if cfg["http_port"]:
-            http.add_routes(app, store, recovery)
+            http.add_routes(app, store, recovery, security.client)
 
             async def metrics(request):
                 return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -47,7 +54,11 @@ async def serve(cfg: Mapping[str, Any], options: RecoveryOptions) -> None:
             app.router.add_get("/heartbeat", heartbeat)
             runner = web.AppRunner(app)
             await runner.setup()
-            await web.TCPSite(runner, cfg["http_host"], cfg["http_port"]).start()
+            http_ssl = security.http_ssl()
+            await web.TCPSite(runner, cfg["http_host"], cfg["http_port"],
+                              ssl_context=http_ssl.context if http_ssl else None).start()
+            for warning in security.warnings(address):
+                logging.getLogger("pybk.recovery").warning("%s", warning)
         logging.getLogger("pybk.recovery").info("autorecovery %s running (http %s)", recovery.name,
                                                 address or "off")
         await recovery.run()
@@ -62,9 +73,14 @@ def run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     options = from_config(cfg)
+    try:
+        security = ServerSecurity.from_config(cfg)
+    except (CertificateError, AuthFileError, SecurityConfigError) as exc:
+        print(f"pybk autorecovery: refusing to start: {exc}", file=sys.stderr)
+        return 3
 
     async def main() -> None:
-        task = asyncio.ensure_future(serve(cfg, options))
+        task = asyncio.ensure_future(serve(cfg, options, security))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -21,17 +21,14 @@ class RecoveryOptions:
     parallel_ledgers: int = 4          # ledgers one worker replicates at once
     passwords: tuple[bytes, ...] = (b"",)  # ledger passwords autorecovery may use (matched by hash)
 
-    def master_key_for(self, password_hash: bytes, stored_key: bytes = b"") -> tuple[bytes | None, bytes] | None:
-        """(password, master key) to re-replicate and fence a ledger with, or None if there is none.
-
-        A configured password whose hash the metadata stores wins (MAC digests are then fully
-        verified); else the master key the metadata stores (`stored_key`; ledgers created
-        before it was stored have none), with password None: MAC digests can then be checked
-        only structurally, as in BookKeeper >= 4.6, whose metadata keeps the ledger's key."""
+    def password_for(self, password_hash: bytes) -> bytes | None:
+        """The configured password whose hash the metadata stores, or None. Autorecovery copies
+        and fences keyless (its admin role) either way; the password only lets it verify MAC
+        digests fully (without, they are checked structurally, as in BookKeeper >= 4.6)."""
         for pw in self.passwords:
             if entry.password_hash(pw) == password_hash:
-                return pw, entry.master_key(pw)
-        return (None, stored_key) if stored_key else None
+                return pw
+        return None
 
 
 def from_config(cfg: Mapping[str, Any]) -> RecoveryOptions:

@@ -8,6 +8,8 @@ import urllib.request
 from pathlib import Path
 
 from pybk.local.process import ChildProcess, free_port
+from pybk.security.settings import ClientSecurity
+from pybk.security.web import admin_urlopen
 
 
 class AutoRecoveryProcess(ChildProcess):
@@ -35,22 +37,29 @@ class AutoRecoveryProcess(ChildProcess):
         super().__init__(self.recovery_name, argv, Path(log_path))
 
     @property
+    def tls(self) -> bool:
+        """Whether its admin HTTP serves TLS (it was given tls_cert)."""
+        return bool(self.options.get("tls_cert"))
+
+    @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
+    @property
+    def http_security(self) -> ClientSecurity:
+        """What its admin HTTP is called with: its own tls_* (verifying with its tls_ca) and token_file."""
+        return ClientSecurity.from_mapping(self.options)
 
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10.0):
         """(status, parsed JSON body) of an admin API call."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.http_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
 
     def is_ready(self) -> bool:
-        with urllib.request.urlopen(self.http_url + "/heartbeat", timeout=1.0) as resp:
+        with admin_urlopen(self.http_url + "/heartbeat", self.http_security, timeout=1.0) as resp:
             return resp.status == 200
 
     def start(self, timeout: float = 60.0, wait: bool = True) -> "AutoRecoveryProcess":

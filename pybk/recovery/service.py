@@ -27,12 +27,13 @@ class AutoRecovery:
     """`await AutoRecovery(store, uri, options).run()` until cancelled."""
 
     def __init__(self, store, metadata_uri: str, options: RecoveryOptions | None = None,
-                 name: str | None = None, http: str = "", worker: bool = True):
+                 name: str | None = None, http: str = "", worker: bool = True, security=None):
+        """security: the ClientSecurity bookies are called with (default: from the environment)."""
         self.store = store
         self.options = options or RecoveryOptions()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.http = http
-        self.pool = BookiePool(store)
+        self.pool = BookiePool(store, security)
         self.auditor = Auditor(store, self.options, self.pool)
         self.worker = ReplicationWorker(store, metadata_uri, self.options, self.pool) if worker else None
         self.is_auditor = False

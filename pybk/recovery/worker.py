@@ -32,6 +32,9 @@ from .bookies import BookiePool, BookieUnavailable
 from .options import RecoveryOptions
 
 log = logging.getLogger(__name__)
+# The key the worker's copies and fences carry: none. Bookies accept keyless recovery adds and
+# fences from an admin caller (autorecovery's credential); ledger metadata holds no master key.
+KEYLESS = b""
 
 
 class ReplicationFailed(Exception):
@@ -155,12 +158,8 @@ class ReplicationWorker:
         except NoSuchLedgerError:
             await self.store.underreplication.unmark(ledger_id)
             return True
-        keys = self.options.master_key_for(md.password_hash, md.master_key)
-        if keys is None:
-            raise ReplicationFailed("the ledger's metadata stores no master key (created before keys were "
-                                    "stored) and none of the configured recovery passwords matches its "
-                                    "password hash (pass it with --ledger-password)")
-        password, mkey = keys
+        password = self.options.password_for(md.password_hash)
+        mkey = KEYLESS
         writable, readonly = await self.pool.registered()
         draining = {b for b, rec in (await self.store.decommission.list()).items()
                     if rec.state in decommission.ACTIVE}
@@ -236,14 +235,14 @@ class ReplicationWorker:
 
     async def _recover(self, md, password: bytes | None, mkey: bytes):
         """Fence and recover an open ledger whose writer is gone, so its last fragment closes
-        (with the master key; without the password MAC entries are checked structurally)."""
+        (keyless; without the password MAC entries are checked structurally)."""
         from pybk.client import BookKeeper
         from pybk.client.recovery import recover
         log.info("ledger %d: open past the grace period with a lost bookie in its last fragment; "
                  "fencing and recovering it", md.ledger_id)
-        bk = await BookKeeper.connect(self.metadata_uri)
+        bk = await BookKeeper.connect(self.metadata_uri, security=self.pool.security)
         try:
-            await recover(bk, await bk.ledger_metadata(md.ledger_id), password, master_key=mkey)
+            await recover(bk, await bk.ledger_metadata(md.ledger_id), password, keyless=True)
         finally:
             await bk.close()
         return await self.store.ledgers.get(md.ledger_id)

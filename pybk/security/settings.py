@@ -36,7 +36,7 @@ class ClientSecurity:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ClientSecurity":
-        """From `PYBK_TLS_*` and `PYBK_TOKEN_FILE`."""
+        """From the variables of ENV (`PYBK_TLS_CA`, `PYBK_TLS_CERT`, ..., `PYBK_TOKEN_FILE`)."""
         environ = os.environ if environ is None else environ
         return cls(**{k: (environ.get(v) or None) for k, v in ENV.items()})
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pybk.ledger import fragment_ranges
@@ -43,8 +44,8 @@ def fragments_json(md: Any) -> list[dict[str, Any]]:
 
 
 def ledger_json(md: Any) -> dict[str, Any]:
-    """Ledger metadata as JSON; never includes the password hash, nor the master key (only
-    whether one is stored, i.e. whether autorecovery can repair the ledger without its password)."""
+    """Ledger metadata as JSON; never includes the password hash, the key check, nor a legacy
+    master key."""
     digest = md.digest_type
     return {
         "ledger_id": md.ledger_id,
@@ -59,7 +60,6 @@ def ledger_json(md: Any) -> dict[str, Any]:
         "custom": {k: bytes_json(v) for k, v in (md.custom or {}).items()},
         "fragments": fragments_json(md),
         "version": md.version,
-        **({"master_key": "stored"} if getattr(md, "master_key", b"") else {}),
     }
 
 
@@ -225,7 +225,7 @@ async def simpletest(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         deleted = False
         if not args.keep:
-            await bk.delete_ledger(ledger_id)
+            await bk.delete_ledger(ledger_id, password)
             deleted = True
     return {"ok": True, "ledger_id": ledger_id, "entries": args.entries, "size": args.size,
             "ensemble": args.ensemble, "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum,
@@ -242,21 +242,42 @@ def _sample_payload(i: int, size: int) -> bytes:
 
 def _delete_args(p: argparse.ArgumentParser) -> None:
     _id_arg(p)
-    p.add_argument("-f", "--force", action="store_true", help="do not ask for confirmation")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--password", type=_password, default=None,
+                     help="the ledger's password (visible in the process list: prefer --password-file)")
+    who.add_argument("--password-file", metavar="FILE",
+                     help="a file holding the ledger's password (a trailing newline is ignored)")
+    who.add_argument("--force", action="store_true",
+                     help="delete without the password and without asking: needs the admin role")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
-@command("delete", "delete a ledger (its metadata; bookies reclaim the space on garbage collection)",
-         _delete_args, lambda d, args: f"deleted ledger {d['ledger_id']}")
+def _delete_password(args: argparse.Namespace) -> bytes | None:
+    """The password given to `delete` (None: none given)."""
+    if args.password_file:
+        try:
+            return Path(args.password_file).read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            raise ShellError(f"cannot read the password file {args.password_file}: {exc.strerror or exc}") from None
+    return args.password
+
+
+@command("delete", "delete a ledger (its metadata; bookies reclaim the space on garbage collection); "
+         "needs its password, or --force as an admin", _delete_args, lambda d, args: f"deleted ledger {d['ledger_id']}")
 async def delete(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
     store = await sh.store()
     await _get_ledger(store, args.ledger_id)
-    if not args.force:
+    password = _delete_password(args)
+    if password is None and not args.force:
+        raise ShellError(f"deleting ledger {args.ledger_id} needs its password (--password-file or --password), "
+                         f"or --force as an admin")
+    if not args.force and not args.yes:
         if not sys.stdin.isatty():
-            raise ShellError(f"refusing to delete ledger {args.ledger_id} without confirmation: pass --force")
+            raise ShellError(f"refusing to delete ledger {args.ledger_id} without confirmation: pass --yes")
         answer = input(f"delete ledger {args.ledger_id}? this cannot be undone [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             raise ShellError("not deleted")
     bk = await sh.bk()
-    await bk.delete_ledger(args.ledger_id)
+    await bk.delete_ledger(args.ledger_id, password, force=args.force)
     return {"ledger_id": args.ledger_id, "deleted": True}
 

@@ -95,7 +95,8 @@ def _drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 
 async def _connect(uri: str, security: ClientSecurity | None = None):
     """A new BookKeeper client for uri with these credentials (None: this process's credential
-    variables, `PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...), or an OptionError that names the unreachable service."""
+    variables, `PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...), or an OptionError that names the
+    unreachable service."""
     from pybk.client import BookKeeper
     from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
     try:
@@ -121,7 +122,8 @@ def with_credentials(opts: Options) -> Options:
     """opts with the credentials resolved on the driver, so that every executor presents the same
     files: the ones given as options, else the local cluster's (its local.json, when the URI names
     the cluster of $PYBK_LOCAL_DIR or ./.pybk-local) overridden by the driver's credential
-    variables (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...); else none (executors then use their own environment's)."""
+    variables (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...); else none (executors then use their own
+    environment's)."""
     if opts.security is not None:
         return opts
     local = local_client_for(opts.metadata_uri)
@@ -482,15 +484,16 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
         return LedgerWritten(partition, handle.ledger_id, written)
     except BaseException:
         if handle is not None:
-            await _delete_quietly(bk, [handle.ledger_id])
+            await _delete_quietly(bk, [handle.ledger_id], opts.password)
         raise
 
 
-async def _delete_quietly(bk: Any, ledger_ids: Sequence[int]) -> list[int]:
+async def _delete_quietly(bk: Any, ledger_ids: Sequence[int], password: bytes) -> list[int]:
+    """Delete the job's ledgers (with the job's password); those already gone are skipped."""
     deleted = []
     for lid in ledger_ids:
         try:
-            await bk.delete_ledger(lid)
+            await bk.delete_ledger(lid, password)
             deleted.append(lid)
         except Exception as exc:
             if not _is_no_such_ledger(exc):
@@ -529,7 +532,7 @@ async def _abort(opts: WriteOptions, ledger_ids: Sequence[int]) -> list[int]:
     (a task killed before it could report or clean up)."""
     leftovers = await _tagged(opts.metadata_uri, opts.job_id, opts.security)
     bk = await _client(opts.metadata_uri, opts.security)
-    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)))
+    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)), opts.password)
 
 
 async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> list[int]:
@@ -539,7 +542,7 @@ async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> lis
     if not strays:
         return []
     bk = await _client(opts.metadata_uri, opts.security)
-    return await _delete_quietly(bk, sorted(strays))
+    return await _delete_quietly(bk, sorted(strays), opts.password)
 
 
 class LedgerWriter(DataSourceArrowWriter):

@@ -13,6 +13,8 @@ from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.bookie.journal import journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
 from pybk.proto import pb
+
+from allocation import allocate
 from polling import eventually
 
 KEY = entry.master_key(b"secret")
@@ -28,9 +30,10 @@ async def read_all(client: BookieClient, expected: dict[tuple[int, int], bytes])
         assert await client.read(ledger, eid) == b, f"entry {ledger}:{eid} differs"
 
 
-async def test_acked_adds_survive_kill_9_mid_stream(bookies):
+async def test_acked_adds_survive_kill_9_mid_stream(bookies, metadata_uri):
     """An add is acknowledged only after its journal record is fsync'd."""
     bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=0.5)
+    await allocate(metadata_uri, [11, 12, 13, 14], KEY)
     client = await BookieClient.connect(bk.address, wait=30)
     acked: dict[tuple[int, int], bytes] = {}
     failed = 0
@@ -80,10 +83,11 @@ def _journal_with_records(bk):
     return files[0]
 
 
-async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookies):
+async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookies, metadata_uri):
     """A torn last record is cut off and start-up goes on; a damaged middle record stops start-up
     with a message naming the file and the offset (files not preallocated: their size is their end)."""
     bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=3600, journal_prealloc_size=0)
+    await allocate(metadata_uri, [21], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await asyncio.gather(*(c.add(21, i, body(21, i, i - 1), master_key=KEY) for i in range(100)))
     await asyncio.to_thread(bk.kill)
@@ -119,8 +123,9 @@ async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookie
     assert f"journal file {path} is corrupt at offset {mid_offset}" in log
 
 
-async def test_fence_blocks_normal_adds_allows_recovery_adds_and_survives_restart(bookies):
+async def test_fence_blocks_normal_adds_allows_recovery_adds_and_survives_restart(bookies, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL)
+    await allocate(metadata_uri, [31, 32], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         for i in range(5):
             await c.add(31, i, body(31, i, i - 1), master_key=KEY)
@@ -141,8 +146,9 @@ async def test_fence_blocks_normal_adds_allows_recovery_adds_and_survives_restar
         await read_all(c, {(31, i): body(31, i, i - 1) for i in range(7)})
 
 
-async def test_wrong_key_unauthorized_and_bad_requests_keep_server_up(bookies):
+async def test_wrong_key_unauthorized_and_bad_requests_keep_server_up(bookies, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL, max_entry_size=4096)
+    await allocate(metadata_uri, [41], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await c.add(41, 0, body(41, 0), master_key=KEY)
         other = entry.master_key(b"wrong")
@@ -203,6 +209,7 @@ async def test_wrong_key_unauthorized_and_bad_requests_keep_server_up(bookies):
 async def test_read_only_past_high_water_mark_and_writable_below_low(bookies, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL, disk_capacity=8 * 1024 * 1024, high_water_mark=0.5,
                   low_water_mark=0.4, disk_check_interval=0.1, journal_prealloc_size="1MiB")  # counts as used
+    await allocate(metadata_uri, [51], KEY)
     store = await MetadataStore.connect(metadata_uri)
     try:
         async with await BookieClient.connect(bk.address, wait=30) as c:
@@ -258,8 +265,9 @@ async def test_cookie_mismatch_refuses_start_saying_what_differs(bookies, tmp_pa
     await asyncio.to_thread(first.start)
 
 
-async def test_reads_after_checkpoint_come_from_entry_log_also_after_restart(bookies):
+async def test_reads_after_checkpoint_come_from_entry_log_also_after_restart(bookies, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=0.3, journal_max_file_size=64 * 1024)
+    await allocate(metadata_uri, [61], KEY)
     expected = {(61, i): body(61, i, i - 1, size=1000) for i in range(300)}
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await asyncio.gather(*(c.add(lg, e, b, master_key=KEY) for (lg, e), b in expected.items()))
@@ -289,13 +297,17 @@ async def test_reads_after_checkpoint_come_from_entry_log_also_after_restart(boo
 
 async def test_bookie_serves_through_etcd_outage_and_registers_again(bookies, etcd, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL)
+    await allocate(metadata_uri, [71, 72], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await c.add(71, 0, body(71, 0), master_key=KEY)
         await asyncio.to_thread(etcd.kill)
         await asyncio.sleep(TTL + 1)
         for i in range(1, 50):
             await c.add(71, i, body(71, i, i - 1), master_key=KEY)
-        assert await c.fence(72, KEY) == -1
+        with pytest.raises(BookieError) as err:  # a first key cannot be checked against the metadata now
+            await c.fence(72, KEY)
+        assert err.value.code is Status.IO_ERROR and "against the metadata" in str(err.value)
+        assert await c.fence(72, b"") == -1  # a keyless fence (an admin's: open mode) needs no metadata
         await read_all(c, {(71, i): body(71, i, i - 1 if i else -1) for i in range(50)})
         assert bk.alive()
         await asyncio.to_thread(etcd.start)

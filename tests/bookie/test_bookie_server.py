@@ -8,6 +8,8 @@ import pytest
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
 
+from allocation import allocate
+
 KEY = entry.master_key(b"pw")
 
 
@@ -101,6 +103,7 @@ async def test_gc_drops_ledgers_deleted_from_metadata_also_after_restart(bookies
 async def test_read_only_by_request_survives_restart(bookies, metadata_uri):
     from pybk.meta import MetadataStore
     b, = bookies(1, registration_ttl=2)
+    await allocate(metadata_uri, [3], KEY)
     await asyncio.to_thread(b.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})
     await asyncio.to_thread(b.restart)
     store = await MetadataStore.connect(metadata_uri)

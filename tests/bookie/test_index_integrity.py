@@ -90,15 +90,16 @@ async def test_an_index_copied_from_another_bookie_refuses_start(bookies):
     assert str(data) in first_line and "belongs to journal" in first_line and "--rebuild-index" in first_line
 
 
-async def test_the_rebuild_restores_master_keys_from_the_ledger_metadata(bookies, metadata_uri):
-    """Master keys went with the index and, after a checkpoint, with the journal: the rebuild takes
-    them from the ledger metadata, so a wrong key is still refused afterwards."""
+async def test_after_a_rebuild_keys_are_checked_against_the_ledger_metadata(bookies, metadata_uri):
+    """Master keys went with the index and, after a checkpoint, with the journal, and the metadata
+    holds none: the rebuilt bookie checks the next key against the ledger's key check, so a wrong
+    key is still refused afterwards and the owner's key still works."""
     from pybk.bookie.client import BookieError, Status
     from pybk.meta import MetadataStore
 
     bk, = bookies(1, checkpoint_interval=3600)
     async with await MetadataStore.connect(metadata_uri) as store:
-        md = await store.ledgers.create([bk.bookie_id], 1, 1, master_key=KEY)
+        md = await store.ledgers.create([bk.bookie_id], 1, 1, key_check=entry.key_check(KEY))
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await asyncio.gather(*(c.add(md.ledger_id, e, body(md.ledger_id, e), master_key=KEY) for e in range(100)))
     await asyncio.to_thread(bk.restart)  # the next checkpoint deletes the journal file with the key
@@ -109,12 +110,13 @@ async def test_the_rebuild_restores_master_keys_from_the_ledger_metadata(bookies
     rebuilt = run_cli(bk, "--rebuild-index")
     assert rebuilt.returncode == 0, rebuilt.stderr
     summary = json.loads(rebuilt.stdout.strip().splitlines()[-1])
-    assert (summary["ledgers"], summary["ledgers_without_master_key"]) == (1, 0)
+    assert (summary["ledgers"], summary["ledgers_without_master_key"]) == (1, 1)
     await asyncio.to_thread(bk.start)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         with pytest.raises(BookieError) as err:
             await c.fence(md.ledger_id, entry.master_key(b"wrong"))
-        assert err.value.code is Status.UNAUTHORIZED
+        assert err.value.code is Status.UNAUTHORIZED and "metadata" in str(err.value)
+        assert await c.fence(md.ledger_id, KEY) == 98  # the LAC entry 99 carried
         assert await c.read(md.ledger_id, 99) == body(md.ledger_id, 99)
 
 

@@ -88,8 +88,8 @@ async def test_a_journal_file_cut_mid_file_refuses_start(bookies, which):
 async def test_accepted_journal_loss_starts_and_marks_the_bookies_ledgers_under_replicated(bookies, metadata_uri):
     bk, = bookies(1, **{**bookie_options(), "metadata_uri": metadata_uri})
     async with await MetadataStore.connect(metadata_uri) as store:
-        md = await store.ledgers.create([bk.bookie_id], 1, 1, master_key=KEY)
-        other = await store.ledgers.create(["127.0.0.1:1"], 1, 1, master_key=KEY)
+        md = await store.ledgers.create([bk.bookie_id], 1, 1, key_check=entry.key_check(KEY))
+        other = await store.ledgers.create(["127.0.0.1:1"], 1, 1, key_check=entry.key_check(KEY))
         acked = await write_and_kill(bk, md.ledger_id)
         files = journal_files(bk.journal_dir)
         _, gone = files[len(files) // 2]

@@ -15,6 +15,7 @@ from pybk.bookie.index import KEY, LOCATION, Index
 from pybk.ledger import entry_ranges
 from pybk.meta import MetadataStore
 
+from allocation import allocate
 from entrylog_files import records
 
 MASTER_KEY = entry.master_key(b"scrub")
@@ -69,6 +70,7 @@ async def assert_dropped_exactly(b, written: dict[int, int], bad: dict[int, set[
 
 async def test_flipped_bytes_drop_exactly_their_entries_and_mark_the_ledger(bookies, metadata_uri):
     b, = bookies(1)
+    await allocate(metadata_uri, [1, 2], MASTER_KEY)
     await write(b, 1, 200)
     await write(b, 2, 200)
     await restart(b)
@@ -98,8 +100,9 @@ async def test_flipped_bytes_drop_exactly_their_entries_and_mark_the_ledger(book
     assert again["bad_entries"] == 0 and again["entries_checked"] == 398
 
 
-async def test_a_truncated_entry_log_drops_the_entries_past_the_cut(bookies):
+async def test_a_truncated_entry_log_drops_the_entries_past_the_cut(bookies, metadata_uri):
     b, = bookies(1)
+    await allocate(metadata_uri, [1], MASTER_KEY)
     await write(b, 1, 300)
     await restart(b)
     log, = entry_logs(b)
@@ -111,8 +114,9 @@ async def test_a_truncated_entry_log_drops_the_entries_past_the_cut(bookies):
     await assert_dropped_exactly(b, {1: 300}, {1: set(range(200, 300))}, result)
 
 
-async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies):
+async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies, metadata_uri):
     b, = bookies(1, entrylog_max_file_size="1KiB")  # every checkpoint starts a new log
+    await allocate(metadata_uri, [1, 2], MASTER_KEY)
     await write(b, 1, 100)
     await restart(b)
     await write(b, 2, 100)
@@ -127,6 +131,7 @@ async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies):
 
 async def test_a_ledger_marking_that_failed_is_retried_until_etcd_takes_it(bookies, etcd, metadata_uri):
     b, = bookies(1)
+    await allocate(metadata_uri, [1], MASTER_KEY)
     await write(b, 1, 50)
     await restart(b)
     log, = entry_logs(b)

@@ -12,7 +12,7 @@ from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, Mark, RecordType, encode_record,
                                  encode_records, journal_files, replay)
-from pybk.bookie.state import LedgerState
+from pybk.bookie.state import LedgerKeys, LedgerState, admit_new_key
 from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
 
@@ -370,3 +370,70 @@ async def test_read_chunks_with_a_step_return_exactly_the_strided_entries(tmp_pa
         assert [e for e, _ in await b.read_chunk(1, 0, 329, 1 << 20, 100, step=2)] == [0, 2]  # 4 is not
     finally:
         await b.close()
+
+
+async def test_keyless_recovery_adds_and_fences_need_the_keyless_right(tmp_path):
+    """An empty key is keyless recovery: accepted (recording no key) only from a caller that may
+    do it (admin); others get BAD_REQUEST saying so. A wrong non-empty key stays UNAUTHORIZED."""
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        res, fut = b.add_batch(adds(5, 0, 2, key=b"", flags=pb.RECOVERY_ADD, lac=-2))
+        assert fut is None and statuses(res, 2) == [pb.BAD_REQUEST] * 2
+        assert all("keyless recovery" in message for _, _, message in res)
+        assert 5 not in b.ledgers
+        status, _ = await b.fence(5, b"")
+        assert status == pb.BAD_REQUEST and 5 not in b.ledgers
+
+        res, fut = b.add_batch(adds(5, 0, 2, key=b"", flags=pb.RECOVERY_ADD, lac=-2), keyless=True)
+        assert res == []
+        await fut
+        assert b.ledgers[5].master_key == b""  # no key recorded: the owner's key is checked later
+        res, _ = b.add_batch(adds(5, 2, 1, key=b"", lac=-2), keyless=True)  # not a recovery add
+        assert statuses(res, 1) == [pb.BAD_REQUEST] and "keyless recovery" in res[0][2]
+        assert await b.fence(5, b"", keyless=True) == (pb.OK, 0)
+        assert b.ledgers[5].fenced and b.ledgers[5].master_key == b""
+
+        await b.add_batch(adds(6, 0, 1))[1]
+        res, _ = b.add_batch(adds(6, 1, 1, key=entry.master_key(b"other"), flags=pb.RECOVERY_ADD), keyless=True)
+        assert statuses(res, 1) == [pb.UNAUTHORIZED]
+        assert (await b.fence(6, entry.master_key(b"other"), keyless=True))[0] == pb.UNAUTHORIZED
+        assert b.read_entry(6, 0) == adds(6, 0, 1)[0].body and b.read_entry(6, 1) is None
+    finally:
+        await b.close()
+
+
+async def test_a_refused_first_key_leaves_no_ledger_state_behind(tmp_path):
+    """The admission decides a ledger's first key; a refusal records nothing (the id stays free
+    for its owner), and a key admitted later is recorded."""
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        def refuse(ledger, key):
+            return admit_new_key(ledger, key, None)
+        res, fut = b.add_batch(adds(7, 0, 3, lac=-2), admit=refuse)
+        assert fut is None and statuses(res, 3) == [pb.UNAUTHORIZED] * 3
+        assert "not allocated in the metadata" in res[0][2]
+        assert 7 not in b.ledgers
+        keys = LedgerKeys(key_check=entry.key_check(KEY))
+        res, fut = b.add_batch(adds(7, 0, 3, lac=-2, key=entry.key_check(KEY)),
+                               admit=lambda ledger, key: admit_new_key(ledger, key, keys))
+        assert statuses(res, 3) == [pb.UNAUTHORIZED] * 3 and 7 not in b.ledgers
+        res, fut = b.add_batch(adds(7, 0, 3, lac=-2), admit=lambda ledger, key: admit_new_key(ledger, key, keys))
+        assert res == []
+        await fut
+        assert b.ledgers[7].master_key == KEY
+    finally:
+        await b.close()
+
+
+def test_first_key_admission_follows_the_metadata():
+    ledger, key = 9, entry.master_key(b"pw")
+    status, why = admit_new_key(ledger, key, None)
+    assert status == pb.UNAUTHORIZED and why.startswith("ledger 9 is not allocated in the metadata")
+    assert admit_new_key(ledger, key, LedgerKeys(key_check=entry.key_check(key))) == (pb.OK, "")
+    status, why = admit_new_key(ledger, entry.key_check(key), LedgerKeys(key_check=entry.key_check(key)))
+    assert status == pb.UNAUTHORIZED and "does not match the ledger's metadata" in why
+    assert admit_new_key(ledger, key, LedgerKeys(master_key=key)) == (pb.OK, "")  # an earlier release's ledger
+    assert admit_new_key(ledger, b"x", LedgerKeys(master_key=key))[0] == pb.UNAUTHORIZED
+    assert admit_new_key(ledger, b"x", LedgerKeys())[0] == pb.OK  # metadata that stores neither

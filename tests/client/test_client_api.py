@@ -59,10 +59,10 @@ async def test_ledgers_list_delete_and_keep_custom_metadata_and_mac_digests(clus
         rh = await bk.open_ledger(a.ledger_id, password=b"pw")
         assert await read_all(rh) == expected(a.ledger_id, 49)
         assert b.metadata.last_entry_id == -1
-        await bk.delete_ledger(b.ledger_id)
+        await bk.delete_ledger(b.ledger_id, b"pw")
         assert [lid async for lid in bk.list_ledgers()] == [a.ledger_id]
         with pytest.raises(NoSuchLedgerError):
-            await bk.delete_ledger(b.ledger_id)
+            await bk.delete_ledger(b.ledger_id, b"pw")
 
 
 async def test_placement_spreads_ensembles_across_zones(cluster_factory):

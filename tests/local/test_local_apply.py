@@ -62,7 +62,7 @@ async def _write_ledgers(uri: str, must_use: str, doc: dict) -> dict[int, list[b
             lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"")
             if must_use in lh.metadata.fragments[0].bookies:
                 break
-            await bk.delete_ledger(lh.ledger_id)
+            await bk.delete_ledger(lh.ledger_id, b"")
         payloads = [f"open:{i}".encode() for i in range(20)]
         for p in payloads:
             await lh.add_entry(p)

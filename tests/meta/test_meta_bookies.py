@@ -4,6 +4,8 @@ import asyncio
 from pybk.bookie.client import BookieClient
 from pybk.entry import decode, encode, master_key
 
+from allocation import allocate
+
 TTL = 2
 
 
@@ -44,6 +46,7 @@ async def test_bookie_serves_held_ledgers_while_etcd_is_down_and_reregisters_aft
 
     ledger, password = 77, b"pw"
     mk = master_key(password)
+    await allocate(uri, [ledger], mk)
     acked: dict[int, bytes] = {}
     client = await BookieClient.connect(bookie.address)
     try:

@@ -18,24 +18,26 @@ def sample() -> LedgerMetadata:
                           digest_type=DigestType.MAC, password_hash=b"\x01" * 32, ctime_ms=1_700_000_000_000,
                           custom={"app": b"spark", "bin": b"\x00\xff"},
                           fragments=[Fragment(0, ["a:1", "b:1", "c:1"]), Fragment(50, ["a:1", "d:1", "c:1"])],
-                          version=7, master_key=b"\x02" * 32)
+                          version=7, key_check=b"\x03" * 32)
 
 
 def test_metadata_round_trips_through_protobuf_and_json():
     md = sample()
     assert LedgerMetadata.from_bytes(md.to_bytes(), version=7) == md
-    assert LedgerMetadata.from_json(md.to_json()) == md.replace(master_key=b"")
+    assert LedgerMetadata.from_json(md.to_json()) == md.replace(key_check=b"")
+    legacy = md.replace(key_check=b"", master_key=b"\x02" * 32)  # as stored by earlier releases
+    assert LedgerMetadata.from_bytes(legacy.to_bytes(), version=7).master_key == b"\x02" * 32
     assert md.to_json()["password_hash"] == "01" * 32
     assert len(md.to_bytes()) < 200
 
 
-def test_json_view_says_a_master_key_is_stored_without_revealing_it():
-    md = sample()
+def test_json_view_and_repr_show_neither_the_key_check_nor_a_legacy_master_key():
+    md = sample().replace(master_key=b"\x02" * 32)
     view = json.dumps(md.to_json())
-    assert md.to_json()["master_key"] == "stored"
-    assert md.master_key.hex() not in view and base64.b64encode(md.master_key).decode() not in view
-    assert md.master_key.hex() not in repr(md)
-    assert "master_key" not in md.replace(master_key=b"").to_json()
+    for secret in (md.key_check, md.master_key):
+        assert secret.hex() not in view and base64.b64encode(secret).decode() not in view
+        assert secret.hex() not in repr(md)
+    assert "master_key" not in md.to_json() and "key_check" not in md.to_json()
 
 
 def test_ensemble_and_write_set_follow_fragments():
@@ -70,10 +72,10 @@ def test_garbage_is_not_decoded_as_metadata():
 
 async def test_create_get_delete(store):
     md = await store.ledgers.create(["a", "b", "c"], 2, 2, password_hash=b"h", custom={"x": b"1"},
-                                    master_key=b"k" * 32)
+                                    key_check=b"k" * 32)
     assert md.ledger_id > 0 and md.version > 0 and md.state is LedgerState.OPEN and md.last_entry_id == -1
     got = await store.ledgers.get(md.ledger_id)
-    assert got == md and got.custom == {"x": b"1"} and got.master_key == b"k" * 32
+    assert got == md and got.custom == {"x": b"1"} and got.key_check == b"k" * 32 and got.master_key == b""
     with pytest.raises(LedgerExistsError):
         await store.ledgers.create(["a", "b", "c"], 2, 2, ledger_id=md.ledger_id)
     with pytest.raises(VersionConflictError):

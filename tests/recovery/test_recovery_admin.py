@@ -130,34 +130,6 @@ async def _leads(ar) -> bool:
     return status == 200 and body["is_auditor"]
 
 
-async def test_a_ledger_autorecovery_cannot_open_stays_marked_with_the_reason(bookies, short_lease_uri, autorecovery):
-    procs = bookies(4, metadata_uri=short_lease_uri, registration_ttl=2)
-    store = await MetadataStore.connect(short_lease_uri)
-    bk = await BookKeeper.connect(short_lease_uri)
-    try:
-        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"not-configured")
-        await lh.add_entry(b"x")
-        await lh.close()
-        # as if created before metadata stored master keys: only a configured password can repair it
-        md = await store.ledgers.get(lh.ledger_id)
-        await store.ledgers.cas(md.replace(master_key=b""))
-        ar = autorecovery()
-        victim = next(p for p in procs if p.bookie_id in lh.metadata.current_ensemble)
-        victim.kill()
-
-        async def reported():
-            status, body = ar.http_json("/api/v1/autorecovery/status")
-            return body["worker_errors"].get(str(lh.ledger_id))
-
-        reason = await eventually(reported, 60, what="the worker to report why it cannot replicate")
-        assert "--ledger-password" in reason
-        rc, out, _ = await shell(short_lease_uri, "listunderreplicated", "-o", "json")
-        assert rc == 0 and [m["ledger_id"] for m in json.loads(out)] == [lh.ledger_id]
-    finally:
-        await bk.close()
-        await store.close()
-
-
 async def test_a_malformed_decommission_request_gets_400_naming_what_is_wrong(autorecovery, short_lease_uri):
     """A body that is not a JSON object, or a bookie id that could not be one, is answered 400 with
     a reason; nothing is recorded for it."""

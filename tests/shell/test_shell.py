@@ -101,14 +101,14 @@ def test_ledgermetadata_shows_quorums_fragments_and_custom_metadata(cluster, led
     assert "password_hash" not in md
 
 
-def test_ledgermetadata_does_not_reveal_the_master_key(cluster, ledgers):
-    from pybk.entry import master_key
+def test_ledgermetadata_shows_no_key(cluster, ledgers):
+    from pybk.entry import key_check, master_key
     cid, _ = ledgers["closed"]
     res = shell("ledgermetadata", cid, "--data-dir", cluster[0], "-o", "json")
     assert res.returncode == 0, res.stderr
-    key = master_key(PASSWORD)
-    assert key.hex() not in res.stdout and base64.b64encode(key).decode() not in res.stdout
-    assert json.loads(res.stdout)["master_key"] == "stored"
+    for secret in (master_key(PASSWORD), key_check(master_key(PASSWORD))):
+        assert secret.hex() not in res.stdout and base64.b64encode(secret).decode() not in res.stdout
+    assert "master_key" not in json.loads(res.stdout) and "key_check" not in json.loads(res.stdout)
 
 
 def test_readledger_returns_the_written_payloads(cluster, ledgers):
@@ -137,14 +137,27 @@ def test_simpletest_writes_reads_back_and_deletes(cluster):
     assert got["ledger_id"] not in ids
 
 
-def test_delete_removes_the_ledger_and_needs_force_without_a_terminal(cluster):
-    kept = shell_json("simpletest", "-n", 3, "--keep", "--data-dir", cluster[0])
-    lid = kept["ledger_id"]
+def test_delete_needs_the_password_from_a_file_or_force_as_an_admin(cluster, tmp_path):
+    secret, wrong = tmp_path / "password", tmp_path / "wrong"
+    secret.write_text("simple-secret\n")
+    wrong.write_text("guess\n")
+    lid = shell_json("simpletest", "-n", 3, "--keep", "--password", "simple-secret", "--data-dir",
+                     cluster[0])["ledger_id"]
     refused = shell("delete", lid, "--data-dir", cluster[0])
-    assert refused.returncode == 1 and "--force" in refused.stderr
-    assert shell_json("delete", lid, "--force", "--data-dir", cluster[0]) == {"ledger_id": lid, "deleted": True}
+    assert refused.returncode == 1 and f"deleting ledger {lid} needs its password" in refused.stderr
+    refused = shell("delete", lid, "--password-file", wrong, "--yes", "--data-dir", cluster[0])
+    assert refused.returncode == 1 and f"wrong password for ledger {lid}" in refused.stderr
+    unconfirmed = shell("delete", lid, "--password-file", secret, "--data-dir", cluster[0])
+    assert unconfirmed.returncode == 1 and "--yes" in unconfirmed.stderr
+    assert shell_json("ledgermetadata", lid, "--data-dir", cluster[0])["ledger_id"] == lid  # still there
+    assert shell_json("delete", lid, "--password-file", secret, "--yes", "--data-dir", cluster[0]) == \
+        {"ledger_id": lid, "deleted": True}
     res = shell("ledgermetadata", lid, "--data-dir", cluster[0])
     assert res.returncode == 1 and f"ledger {lid} does not exist" in res.stderr
+    # --force: no password, no question; an admin action (every caller is one with security off)
+    other = shell_json("simpletest", "-n", 3, "--keep", "--password", "simple-secret", "--data-dir",
+                       cluster[0])["ledger_id"]
+    assert shell_json("delete", other, "--force", "--data-dir", cluster[0]) == {"ledger_id": other, "deleted": True}
 
 
 def test_metadata_uri_from_the_environment(cluster):

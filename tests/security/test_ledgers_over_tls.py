@@ -1,0 +1,67 @@
+"""The ledger client on secured bookies: a full write and read with TLS and tokens; a credential
+the bookies refuse is an AccessDeniedError, never a failed bookie (no ensemble change, nothing
+stored); and what a bookie says at start about its security."""
+from __future__ import annotations
+
+import pytest
+from polling import eventually
+
+from pybk.client import AccessDeniedError, BookKeeper
+from pybk.security.settings import ClientSecurity
+
+
+async def test_ledger_write_and_read_through_bookkeeper_with_tls_and_tokens(bookies, pki, metadata_uri):
+    bookies(3, **pki.bookie_options())
+    payloads = [f"entry {i}".encode() * (i % 7 + 1) for i in range(200)]
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("writer")) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        for p in payloads:
+            await lh.add_entry(p)
+        await lh.close()
+        ledger_id = lh.ledger_id
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("reader")) as bk:
+        rh = await bk.open_ledger(ledger_id, password=b"pw")
+        got = [e.data async for e in rh.read_entries(0, len(payloads) - 1)]
+    assert got == payloads
+
+
+async def test_bookkeeper_takes_its_credentials_from_the_environment(bookies, pki, metadata_uri, monkeypatch):
+    bookies(1, **pki.bookie_options())
+    for name, value in pki.client("writer").as_env().items():
+        monkeypatch.setenv(name, value)
+    assert ClientSecurity.from_env() == pki.client("writer")
+    async with await BookKeeper.connect(metadata_uri) as bk:
+        lh = await bk.create_ledger(ensemble=1, password=b"pw")
+        assert await lh.add_entry(b"from the environment") == 0
+        assert [e.data async for e in lh.read_entries(0, 0)] == [b"from the environment"]
+
+
+async def test_refused_writer_gets_access_denied_without_ensemble_change(bookies, pki, metadata_uri):
+    procs = bookies(4, **pki.bookie_options())
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("reader")) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        ensemble = list(lh.metadata.fragments[-1].bookies)
+        with pytest.raises(AccessDeniedError) as err:
+            await lh.add_entry(b"balance=999")
+        assert any(b in str(err.value) for b in ensemble)
+        assert "reader-client has role reader; add needs role writer" in str(err.value)
+        md = await bk.ledger_metadata(lh.ledger_id)
+    assert len(md.fragments) == 1 and list(md.fragments[0].bookies) == ensemble
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("admin")) as bk:
+        for b in procs:
+            client = await bk.client(b.bookie_id)
+            assert await client.list_entries(lh.ledger_id) == []
+
+
+async def test_bookie_without_auth_file_says_security_is_off(bookies):
+    b, = bookies(1, metadata_uri=None)
+    line = (f"WARNING pybk.bookie: security is OFF: no --auth-file, so any client that reaches {b.address} "
+            f"may read, write and administer")
+    await eventually(lambda: line in b.log_tail(30), timeout=10, what="the security warning")
+
+
+async def test_bookie_with_tokens_over_plaintext_warns(bookies, pki):
+    b, = bookies(1, metadata_uri=None, auth_file=pki.auth_file)
+    await eventually(lambda: "WARNING pybk.bookie: bearer tokens travel in plaintext" in b.log_tail(30),
+                     timeout=10, what="the plaintext token warning")
+    assert "security is OFF" not in b.log_tail(30)
