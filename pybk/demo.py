@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  Spark step: {spark_note}")
         say("  try it yourself: pybk local up -f examples/cluster.yaml   (then, in another terminal,")
         say("  pybk shell simpletest; pybk shell listledgers; Ctrl-C or `pybk local down` stops it)")
+        say("  `pybk local up --secure` adds TLS, etcd auth and tokens; the same commands keep working")
         return 0
     except KeyboardInterrupt:
         say("\ninterrupted")
