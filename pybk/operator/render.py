@@ -128,11 +128,14 @@ def server_name(spec: BookieClusterSpec) -> str | None:
 
 def certificate_dns_names(spec: BookieClusterSpec) -> list[str]:
     """Every name the cluster's pods are reached by: each bookie (`<pod>.<name>.<ns>.svc`), the
-    headless Service, the autorecovery service name, short and cluster.local forms."""
-    out = []
+    headless Service, the autorecovery service name, short and cluster.local forms, and
+    spec.tls.serverName (the name clients check)."""
+    out = [spec.name, f"{spec.name}.{spec.namespace}"]
     for host in (spec.name, f"*.{spec.name}", f"{spec.name}-autorecovery"):
         out += [f"{host}.{spec.namespace}.svc", f"{host}.{spec.namespace}.svc.cluster.local"]
-    return [spec.name, f"{spec.name}.{spec.namespace}", *out]
+    if spec.tls is not None and spec.tls.server_name and spec.tls.server_name not in out:
+        out.append(spec.tls.server_name)  # what the clients will check
+    return out
 
 
 def certificate(spec: BookieClusterSpec, owner: dict | None = None) -> dict[str, Any] | None:

@@ -169,6 +169,17 @@ def test_issuer_ref_requests_a_certificate_for_every_pod_name():
     assert render.config_map(spec, "etcd://e:2379/p")["data"]["tlsServerName"] == "secure.default.svc"
 
 
+def test_certificate_names_the_server_name_clients_check():
+    import dataclasses
+
+    from pybk.cluster.spec import TlsSpec
+    spec = SPECS["secure"]()
+    spec = dataclasses.replace(spec, tls=TlsSpec(issuer_ref=spec.tls.issuer_ref, server_name="bookies.example.com"))
+    assert "bookies.example.com" in render.certificate(spec)["spec"]["dnsNames"]
+    env = {e["name"]: e["value"] for e in workloads(spec)["StatefulSet"]["containers"][0]["env"] if "value" in e}
+    assert env[ENV["tls_server_name"]] == "bookies.example.com"
+
+
 def test_no_certificate_without_issuer_ref():
     assert render.certificate(SPECS["full"]()) is None and render.certificate(SPECS["minimal"]()) is None
     assert "Certificate" not in {k for _, k, _ in render.companions(SPECS["full"]())}
