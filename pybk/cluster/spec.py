@@ -35,7 +35,8 @@ CERT_MANAGER_GROUP = "cert-manager.io"
 RESERVED_OPTIONS = frozenset({"metadata-uri", "bookie-id", "host", "port", "http-port", "journal-dir",
                               "ledger-dir", "zone", "config",
                               # spec.tls and spec.auth mount their Secrets and set these
-                              "tls-cert", "tls-key", "tls-ca", "tls-server-name", "auth-file", "token-file"})
+                              "tls-cert", "tls-key", "tls-ca", "tls-server-name", "tls-client-auth",
+                              "auth-file", "token-file"})
 # StatefulSet pods get the label controller-revision-hash=<name>-<hash>, which must fit 63 chars.
 MAX_NAME_LENGTH = 52
 
@@ -108,10 +109,12 @@ class IssuerRef:
 class TlsSpec:
     """TLS for every port of bookies and autorecovery: an existing kubernetes.io/tls Secret
     (`tls.crt`, `tls.key`, `ca.crt`), or a cert-manager issuer the operator requests one from.
-    `server_name` is what clients expect in the servers' certificates (tls_server_name)."""
+    `server_name` is what clients expect in the servers' certificates (tls_server_name);
+    `client_auth` makes the bookies' gRPC port require client certificates (mTLS)."""
     secret_name: str | None = None
     issuer_ref: IssuerRef | None = None
     server_name: str | None = None
+    client_auth: bool = False
 
 
 @dataclass(frozen=True)
@@ -376,7 +379,7 @@ class _Reader:
         if spec.get("tls") is None:
             return None
         raw = self.mapping(spec, "tls", "spec")
-        _unknown(self.errors, "spec.tls", raw, {"secretName", "issuerRef", "serverName"})
+        _unknown(self.errors, "spec.tls", raw, {"secretName", "issuerRef", "serverName", "clientAuth"})
         issuer = None
         if raw.get("issuerRef") is not None:
             ref = self.mapping(raw, "issuerRef", "spec.tls")
@@ -395,7 +398,8 @@ class _Reader:
             issuer = IssuerRef(name=name, kind=kind,
                                group=self.string(ref, "group", "spec.tls.issuerRef", CERT_MANAGER_GROUP))
         return TlsSpec(secret_name=self.string(raw, "secretName", "spec.tls", None),
-                       issuer_ref=issuer, server_name=self.string(raw, "serverName", "spec.tls", None))
+                       issuer_ref=issuer, server_name=self.string(raw, "serverName", "spec.tls", None),
+                       client_auth=self.boolean(raw, "clientAuth", "spec.tls", False))
 
     def auth(self, spec: dict) -> AuthSpec | None:
         """spec.auth, or None when absent (no authentication)."""

@@ -175,6 +175,8 @@ def security_env(spec: BookieClusterSpec) -> list[dict[str, Any]]:
         env += [{"name": CLIENT_ENV[opt], "value": f"{TLS_DIR}/{key}"} for opt, key in TLS_FILES.items()]
         if (name := server_name(spec)) is not None:
             env.append({"name": CLIENT_ENV["tls_server_name"], "value": name})
+        if spec.tls.client_auth:
+            env.append({"name": _env_name("tls_client_auth"), "value": "true"})
     if spec.auth is not None:
         env += [{"name": _env_name("auth_file"), "value": f"{AUTH_DIR}/{AUTH_FILE}"},
                 {"name": CLIENT_ENV["token_file"], "value": f"{AUTH_DIR}/{ADMIN_TOKEN}"}]

@@ -81,7 +81,7 @@ def test_bad_metadata_uri_is_refused_when_applied():
 
 def test_tls_and_auth_parse_from_either_certificate_source():
     s = load_manifest(EXAMPLES / "bookiecluster-full.yaml")
-    assert s.tls == TlsSpec(secret_name="ledgers-tls", server_name="ledgers.pybk.svc")
+    assert s.tls == TlsSpec(secret_name="ledgers-tls", server_name="ledgers.pybk.svc", client_auth=True)
     assert s.auth.secret_name == "ledgers-auth" and s.metadata_service_secret == "etcd-client"
     secure = load_manifest(EXAMPLES / "bookiecluster-secure.yaml")
     assert secure.tls == TlsSpec(issuer_ref=IssuerRef("pybk-ca", IssuerKind.ISSUER, "cert-manager.io"))
@@ -103,6 +103,7 @@ def test_tls_and_auth_parse_from_either_certificate_source():
     ({"tls": {"secretName": "t", "serverName": "Bookies!"}}, "spec.tls.serverName 'Bookies!' must be a DNS name"),
     ({"tls": {"secretName": "t", "ca": "x"}}, "spec.tls.ca is not a known field"),
     ({"tls": "on"}, "spec.tls must be a mapping"),
+    ({"tls": {"secretName": "t", "clientAuth": "yes"}}, "spec.tls.clientAuth must be true or false"),
     ({"tls": {"secretName": "t"}, "auth": {}}, "spec.auth.secretName is required"),
     ({"auth": {"secretName": "a"}}, "spec.auth needs spec.tls: without TLS the tokens would cross the network"),
     ({"metadataServiceSecret": "etcd creds"}, "spec.metadataServiceSecret 'etcd creds' must be a Kubernetes"),

@@ -123,6 +123,14 @@ def test_tls_and_auth_secrets_are_mounted_into_bookies_and_autorecovery(name, se
         assert {p["path"] for p in probes(c)} <= {"/heartbeat", "/api/v1/bookie/is_ready"}, kind
 
 
+def test_client_auth_makes_bookies_require_client_certificates():
+    client_auth = render._env_name("tls_client_auth")
+    for name, expected in (("full", "true"), ("secure", None), ("minimal", None)):
+        for kind, pod in workloads(SPECS[name]()).items():
+            env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+            assert env.get(client_auth) == expected, (name, kind)
+
+
 def test_secrets_reach_pods_only_as_files():
     spec = SPECS["full"]()
     for kind, pod in workloads(spec).items():
