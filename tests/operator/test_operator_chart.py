@@ -121,6 +121,7 @@ def pod_labels() -> dict[str, dict]:
         "spark-driver": spark[1]["spec"]["template"]["metadata"]["labels"],
         "client": {"app": "orders", "pybk.io/client": "true"},
         "etcd": one(docs, "StatefulSet", "pybk-etcd")["spec"]["template"]["metadata"]["labels"],
+        "etcd-auth": one(docs, "Job", "pybk-etcd-auth")["spec"]["template"]["metadata"]["labels"],
         "stranger": {"app": "orders"},
     }
 
@@ -132,7 +133,7 @@ def test_network_policy_admits_only_pybk_pods_to_bookies():
     assert selects(policy["spec"]["podSelector"], pods["bookie"])
     assert not selects(policy["spec"]["podSelector"], pods["autorecovery"])
     allowed = {name for name, labels in pods.items() if admitted(policy, labels)}
-    assert allowed == {"operator", "autorecovery", "spark-driver", "client"}
+    assert allowed == {"operator", "autorecovery", "spark-driver", "client", "etcd-auth"}
     assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} == {render.GRPC_PORT, render.HTTP_PORT}
 
 
@@ -141,7 +142,7 @@ def test_network_policy_admits_bookies_and_pybk_pods_to_etcd():
     policy = one(docs, "NetworkPolicy", "pybk-etcd")
     assert selects(policy["spec"]["podSelector"], pods["etcd"])
     allowed = {name for name, labels in pods.items() if admitted(policy, labels)}
-    assert allowed == {"operator", "autorecovery", "spark-driver", "client", "bookie"}
+    assert allowed == {"operator", "autorecovery", "spark-driver", "client", "bookie", "etcd-auth"}
     assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [2379]
 
 
@@ -223,3 +224,21 @@ def test_without_security_values_nothing_is_mounted_or_set():
 def test_etcd_tls_without_a_certificate_source_is_refused():
     with pytest.raises(Exception, match="etcd.tls.enabled needs etcd.tls.secretName"):
         rendered({"etcd": {"enabled": True, "tls": {"enabled": True}}})
+
+
+def test_etcd_auth_job_turns_auth_on_with_password_files():
+    docs = rendered(VALUES["secure"])
+    job = one(docs, "Job", "pybk-etcd-auth")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["python", "-m", "pybk.meta.etcd_auth"]
+    assert c["args"] == ["--metadata-uri=etcd://pybk-etcd.pybk-system.svc:2379/pybk?tls_ca=/etc/pybk/etcd/ca.crt",
+                         "--root-password-file=/etc/pybk/etcd-root/password",
+                         "--user=pybk=/etc/pybk/etcd/password:readwrite"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"etcd": "pybk-etcd-client", "etcd-root": "pybk-etcd-root"}
+    assert "env" not in c  # passwords only as files
+    no_job = {"etcd": {"enabled": True, "auth": {"enabled": True, "setupJob": False}}}
+    for values in (VALUES["try-it-out"], VALUES["secure-own-secrets"], no_job):
+        assert "Job" not in {d["kind"] for d in rendered(values)}

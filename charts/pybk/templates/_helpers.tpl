@@ -65,6 +65,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{- define "pybk.etcdRootSecretName" -}}
+{{- default (printf "%s-etcd-root" (include "pybk.fullname" .)) .Values.etcd.auth.rootSecretName -}}
+{{- end -}}
+
 {{/* The metadata URI options pointing at the client files, mounted at /etc/pybk/etcd. */}}
 {{- define "pybk.etcdUriOptions" -}}
 {{- $opts := list -}}
