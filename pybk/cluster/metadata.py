@@ -144,7 +144,9 @@ async def cancel_decommission(store, bookie_id: str, http: str | None) -> None:
 async def _admin(http: str, method: str, path: str, body: Any) -> bool:
     import aiohttp
 
-    url = f"http://{http}{path}"
+    from pybk.recovery.decommission import http_url
+
+    url = http_url(http, path)  # the one place admin URLs (and their scheme) are built
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             async with s.request(method, url, json=body) as resp:
