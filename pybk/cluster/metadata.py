@@ -144,10 +144,16 @@ async def cancel_decommission(store, bookie_id: str, http: str | None) -> None:
 async def _admin(http: str, method: str, path: str, body: Any) -> bool:
     import aiohttp
 
-    url = f"http://{http}{path}"
+    from pybk.recovery.decommission import http_url
+    from pybk.security.settings import ClientSecurity
+    from pybk.security.web import admin_headers, admin_ssl
+
+    url = http_url(http, path)  # the one place admin URLs (and their scheme) are built
+    security = ClientSecurity.from_env()  # the operator's (or local supervisor's) CA and admin token
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-            async with s.request(method, url, json=body) as resp:
+            async with s.request(method, url, json=body, ssl=admin_ssl(security),
+                                 headers=admin_headers(security)) as resp:
                 if resp.status >= 400:
                     log.warning("%s %s answered %d", method, url, resp.status)
                     return False

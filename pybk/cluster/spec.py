@@ -7,6 +7,7 @@ Fields are described in docs/kubernetes.md; defaults match the CRD in `crds/book
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import re
@@ -27,9 +28,15 @@ WHEN_UNSATISFIABLE = ("ScheduleAnyway", "DoNotSchedule")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CONFIG_KEY = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]*$")
+# a Kubernetes object name (DNS subdomain) and a host name clients expect in certificates
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+CERT_MANAGER_GROUP = "cert-manager.io"
 # Bookie options each platform sets itself; spec.config may not override them.
 RESERVED_OPTIONS = frozenset({"metadata-uri", "bookie-id", "host", "port", "http-port", "journal-dir",
-                              "ledger-dir", "zone", "config"})
+                              "ledger-dir", "zone", "config",
+                              # spec.tls and spec.auth mount their Secrets and set these
+                              "tls-cert", "tls-key", "tls-ca", "tls-server-name", "tls-client-auth",
+                              "auth-file", "token-file"})
 # StatefulSet pods get the label controller-revision-hash=<name>-<hash>, which must fit 63 chars.
 MAX_NAME_LENGTH = 52
 
@@ -84,6 +91,39 @@ class LedgerDefaults:
     ack_quorum: int = 2
 
 
+class IssuerKind(enum.Enum):
+    """The two kinds of cert-manager issuer a Certificate can reference."""
+    ISSUER = "Issuer"
+    CLUSTER_ISSUER = "ClusterIssuer"
+
+
+@dataclass(frozen=True)
+class IssuerRef:
+    """The cert-manager issuer the operator asks for the cluster's certificate."""
+    name: str
+    kind: IssuerKind = IssuerKind.ISSUER
+    group: str = CERT_MANAGER_GROUP
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    """TLS for every port of bookies and autorecovery: an existing kubernetes.io/tls Secret
+    (`tls.crt`, `tls.key`, `ca.crt`), or a cert-manager issuer the operator requests one from.
+    `server_name` is what clients expect in the servers' certificates (tls_server_name);
+    `client_auth` makes the bookies' gRPC port require client certificates (mTLS)."""
+    secret_name: str | None = None
+    issuer_ref: IssuerRef | None = None
+    server_name: str | None = None
+    client_auth: bool = False
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    """Client authentication: a Secret holding `auth.yaml` (who may call as which role) and
+    `admin.token` (the token autorecovery and the operator present)."""
+    secret_name: str = ""
+
+
 @dataclass(frozen=True)
 class BookieClusterSpec:
     """A parsed BookieCluster. `name`/`namespace`/`generation` come from metadata."""
@@ -101,6 +141,9 @@ class BookieClusterSpec:
     zone_spreading: ZoneSpreadingSpec = field(default_factory=ZoneSpreadingSpec)
     pvc_policy: str = "Retain"
     ledger_defaults: LedgerDefaults = field(default_factory=LedgerDefaults)
+    tls: TlsSpec | None = None
+    auth: AuthSpec | None = None
+    metadata_service_secret: str | None = None
 
     @classmethod
     def from_manifest(cls, doc: dict[str, Any], *, validate: bool = True) -> "BookieClusterSpec":
@@ -125,7 +168,8 @@ class BookieClusterSpec:
         r = _Reader(errors)
         _unknown(errors, "spec", spec, {"replicas", "image", "imagePullPolicy", "metadataServiceUri",
                                         "storage", "resources", "config", "autorecovery",
-                                        "zoneSpreading", "pvcPolicy", "ledgerDefaults"})
+                                        "zoneSpreading", "pvcPolicy", "ledgerDefaults", "tls", "auth",
+                                        "metadataServiceSecret"})
         storage = r.mapping(spec, "storage", "spec")
         _unknown(errors, "spec.storage", storage, {"journal", "ledgers"})
         auto = r.mapping(spec, "autorecovery", "spec")
@@ -160,6 +204,9 @@ class BookieClusterSpec:
                 ensemble=r.integer(ld, "ensemble", "spec.ledgerDefaults", d_ld.ensemble),
                 write_quorum=r.integer(ld, "writeQuorum", "spec.ledgerDefaults", d_ld.write_quorum),
                 ack_quorum=r.integer(ld, "ackQuorum", "spec.ledgerDefaults", d_ld.ack_quorum)),
+            tls=r.tls(spec),
+            auth=r.auth(spec),
+            metadata_service_secret=r.string(spec, "metadataServiceSecret", "spec", None) or None,
         )
         if errors:
             raise SpecError(errors)
@@ -215,6 +262,36 @@ class BookieClusterSpec:
                             "the spec) and cannot be overridden")
         if self.metadata_service_uri:
             errs += _uri_problems(self.metadata_service_uri)
+        errs += self._security_problems()
+        return errs
+
+    def _security_problems(self) -> list[str]:
+        """spec.tls, spec.auth and spec.metadataServiceSecret: names Kubernetes accepts, one
+        certificate source, and no tokens over plaintext."""
+        errs: list[str] = []
+        tls = self.tls
+        if tls is not None:
+            if (tls.secret_name is None) == (tls.issuer_ref is None):
+                errs.append("spec.tls needs exactly one of secretName (an existing kubernetes.io/tls Secret) "
+                            "and issuerRef (cert-manager issues one), got "
+                            + ("both" if tls.secret_name else "neither"))
+            if tls.secret_name is not None:
+                errs += _object_name_problems("spec.tls.secretName", tls.secret_name)
+            if tls.issuer_ref is not None:
+                errs += _object_name_problems("spec.tls.issuerRef.name", tls.issuer_ref.name)
+                if not tls.issuer_ref.group:
+                    errs.append("spec.tls.issuerRef.group must not be empty (cert-manager's is cert-manager.io)")
+            if tls.server_name is not None and (not _DNS_SUBDOMAIN.match(tls.server_name)
+                                                or len(tls.server_name) > 253):
+                errs.append(f"spec.tls.serverName {tls.server_name!r} must be a DNS name (lower-case letters, "
+                            "digits, '-' and '.')")
+        if self.auth is not None:
+            errs += _object_name_problems("spec.auth.secretName", self.auth.secret_name)
+            if tls is None:
+                errs.append("spec.auth needs spec.tls: without TLS the tokens would cross the network in "
+                            "plaintext, readable by anyone on it")
+        if self.metadata_service_secret is not None:
+            errs += _object_name_problems("spec.metadataServiceSecret", self.metadata_service_secret)
         return errs
 
     def validate(self) -> "BookieClusterSpec":
@@ -233,8 +310,12 @@ class BookieClusterSpec:
     def restart_hash(self) -> str:
         """Hash of everything whose change needs a (rolling) bookie restart: image, config, resources."""
         blob = json.dumps({"image": self.image, "config": self.config, "resources": self.resources,
-                           "zone": [self.zone_spreading.enabled, self.zone_spreading.topology_key]},
-                          sort_keys=True)
+                           "zone": [self.zone_spreading.enabled, self.zone_spreading.topology_key],
+                           **({"tls": dataclasses.asdict(self.tls)} if self.tls else {}),
+                           **({"auth": dataclasses.asdict(self.auth)} if self.auth else {}),
+                           **({"metadataServiceSecret": self.metadata_service_secret}
+                              if self.metadata_service_secret else {})},
+                          sort_keys=True, default=lambda v: v.value)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -292,6 +373,52 @@ class _Reader:
             else:
                 self.errors.append(f"spec.config.{key} must be a string, number or boolean, got {value!r}")
         return out
+
+    def tls(self, spec: dict) -> TlsSpec | None:
+        """spec.tls, or None when absent (plaintext)."""
+        if spec.get("tls") is None:
+            return None
+        raw = self.mapping(spec, "tls", "spec")
+        _unknown(self.errors, "spec.tls", raw, {"secretName", "issuerRef", "serverName", "clientAuth"})
+        issuer = None
+        if raw.get("issuerRef") is not None:
+            ref = self.mapping(raw, "issuerRef", "spec.tls")
+            _unknown(self.errors, "spec.tls.issuerRef", ref, {"name", "kind", "group"})
+            kind_text = self.string(ref, "kind", "spec.tls.issuerRef", IssuerKind.ISSUER.value)
+            try:
+                kind = IssuerKind(kind_text)
+            except ValueError:
+                self.errors.append(f"spec.tls.issuerRef.kind must be one of "
+                                   f"{', '.join(k.value for k in IssuerKind)}, got {kind_text!r}")
+                kind = IssuerKind.ISSUER
+            name = self.string(ref, "name", "spec.tls.issuerRef", "") or ""
+            if not name:
+                self.errors.append("spec.tls.issuerRef.name is required: the cert-manager Issuer or "
+                                   "ClusterIssuer that signs the cluster's certificate")
+            issuer = IssuerRef(name=name, kind=kind,
+                               group=self.string(ref, "group", "spec.tls.issuerRef", CERT_MANAGER_GROUP))
+        return TlsSpec(secret_name=self.string(raw, "secretName", "spec.tls", None),
+                       issuer_ref=issuer, server_name=self.string(raw, "serverName", "spec.tls", None),
+                       client_auth=self.boolean(raw, "clientAuth", "spec.tls", False))
+
+    def auth(self, spec: dict) -> AuthSpec | None:
+        """spec.auth, or None when absent (no authentication)."""
+        if spec.get("auth") is None:
+            return None
+        raw = self.mapping(spec, "auth", "spec")
+        _unknown(self.errors, "spec.auth", raw, {"secretName"})
+        name = self.string(raw, "secretName", "spec.auth", None)
+        if not name:
+            self.errors.append("spec.auth.secretName is required: the Secret holding auth.yaml and admin.token")
+        return AuthSpec(secret_name=name or "")
+
+
+def _object_name_problems(path: str, name: str) -> list[str]:
+    """Whether `name` can name a Kubernetes object (a DNS subdomain of at most 253 characters)."""
+    if _DNS_SUBDOMAIN.match(name) and len(name) <= 253:
+        return []
+    return [f"{path} {name!r} must be a Kubernetes object name (lower-case letters, digits, '-' and '.', "
+            "at most 253 characters)"]
 
 
 def _uri_problems(uri: str) -> list[str]:

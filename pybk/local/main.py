@@ -99,7 +99,7 @@ def _manifest_for_up(args: argparse.Namespace, data_dir: Path) -> Path:
     stored = data_dir / MANIFEST
     if args.file is None:
         if not stored.exists():
-            raise LocalClusterError(f"no manifest: pass -f cluster.yaml (see examples/cluster.yaml)")
+            raise LocalClusterError("no manifest: pass -f cluster.yaml (see examples/cluster.yaml)")
         load_spec(stored)
         return stored
     src = Path(args.file).resolve()

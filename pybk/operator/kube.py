@@ -53,7 +53,15 @@ class Kube:
         return cls(await dynamic.DynamicClient(client.ApiClient()))
 
     async def _resource(self, api_version: str, kind: str):
-        return await self._dyn.resources.get(api_version=api_version, kind=kind)
+        from kubernetes.aio.dynamic.exceptions import ResourceNotFoundError
+
+        try:
+            return await self._dyn.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError as e:
+            # e.g. spec.tls.issuerRef without cert-manager installed: say which API is missing
+            raise KubeError("discover", f"{api_version} {kind}", 404,
+                            f"the API server does not serve {kind} ({api_version}): is its CRD installed"
+                            + (" (cert-manager)?" if api_version.startswith("cert-manager.io/") else "?")) from e
 
     async def _call(self, verb: str, what: str, coro):
         from kubernetes.aio.client.rest import ApiException

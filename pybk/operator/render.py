@@ -4,7 +4,12 @@ Names: StatefulSet and headless Service `<name>` (pods `<name>-<ordinal>`), book
 `<name>-<ordinal>.<name>.<namespace>.svc:3181`, volumes `journal-<name>-<ordinal>` and
 `ledgers-<name>-<ordinal>`, ConfigMap `<name>-config` (what clients need: metadata URI and
 ledger defaults), autorecovery Deployment `<name>-autorecovery`, PDB `<name>`, ServiceAccount,
-Role and RoleBinding `<name>-bookie`.
+Role and RoleBinding `<name>-bookie`; with `spec.tls.issuerRef`, the cert-manager Certificate
+`<name>-tls` whose Secret is also `<name>-tls`.
+
+Security (docs/security.md): the TLS Secret is mounted read-only at /etc/pybk/tls, the auth Secret
+at /etc/pybk/auth and the metadata service's Secret at /etc/pybk/etcd, into bookies and
+autorecovery; the processes get the file names through `PYBK_*` variables, never the contents.
 
 The StatefulSet uses `updateStrategy: OnDelete`: a config change never restarts pods by itself;
 the controller restarts them one at a time (RestartBookie), and each pod's
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pybk.cluster.spec import BookieClusterSpec, option_name
+from pybk.cluster.spec import CERT_MANAGER_GROUP, BookieClusterSpec, option_name
+from pybk.security.settings import ENV as CLIENT_ENV
 
 GRPC_PORT = 3181
 HTTP_PORT = 8000
@@ -27,6 +33,16 @@ CLUSTER_LABEL = "pybk.io/cluster"
 RUN_AS = 10001
 JOURNAL_DIR = "/pybk/journal"
 LEDGERS_DIR = "/pybk/ledgers"
+TLS_DIR = "/etc/pybk/tls"
+AUTH_DIR = "/etc/pybk/auth"
+ETCD_DIR = "/etc/pybk/etcd"
+# kubernetes.io/tls Secret keys (cert-manager writes the same three)
+TLS_FILES = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
+AUTH_FILE = "auth.yaml"
+ADMIN_TOKEN = "admin.token"
+SECRET_MODE = 0o440  # owner and the pod's fsGroup may read; nobody else
+CERTIFICATE_DURATION = "2160h"  # 90 days, renewed 30 days before expiry (bookies reload it)
+CERTIFICATE_RENEW_BEFORE = "720h"
 
 
 def labels(spec: BookieClusterSpec, component: str) -> dict[str, str]:
@@ -91,6 +107,88 @@ def _env_name(key: str) -> str:
     return "PYBK_" + option_name(key).replace("-", "_").upper()
 
 
+def tls_secret_name(spec: BookieClusterSpec) -> str | None:
+    """The Secret holding the cluster's certificate: spec.tls.secretName, or the one cert-manager
+    writes for the operator's Certificate; None without TLS."""
+    if spec.tls is None:
+        return None
+    return spec.tls.secret_name or f"{spec.name}-tls"
+
+
+def server_name(spec: BookieClusterSpec) -> str | None:
+    """The name clients expect in the servers' certificates: spec.tls.serverName; for a
+    certificate the operator requests, the headless Service's name, which it contains (clients
+    reach autorecovery and bookies' admin HTTP by pod IP, which no certificate names)."""
+    if spec.tls is None:
+        return None
+    if spec.tls.server_name:
+        return spec.tls.server_name
+    return f"{spec.name}.{spec.namespace}.svc" if spec.tls.issuer_ref else None
+
+
+def certificate_dns_names(spec: BookieClusterSpec) -> list[str]:
+    """Every name the cluster's pods are reached by: each bookie (`<pod>.<name>.<ns>.svc`), the
+    headless Service, the autorecovery service name, short and cluster.local forms, and
+    spec.tls.serverName (the name clients check)."""
+    out = [spec.name, f"{spec.name}.{spec.namespace}"]
+    for host in (spec.name, f"*.{spec.name}", f"{spec.name}-autorecovery"):
+        out += [f"{host}.{spec.namespace}.svc", f"{host}.{spec.namespace}.svc.cluster.local"]
+    if spec.tls is not None and spec.tls.server_name and spec.tls.server_name not in out:
+        out.append(spec.tls.server_name)  # what the clients will check
+    return out
+
+
+def certificate(spec: BookieClusterSpec, owner: dict | None = None) -> dict[str, Any] | None:
+    """The cert-manager Certificate for spec.tls.issuerRef (None otherwise): one key pair for
+    every bookie and autorecovery pod, usable as server and as client certificate (mTLS)."""
+    if spec.tls is None or spec.tls.issuer_ref is None:
+        return None
+    ref = spec.tls.issuer_ref
+    return {"apiVersion": f"{CERT_MANAGER_GROUP}/v1", "kind": "Certificate",
+            "metadata": _meta(spec, f"{spec.name}-tls", "tls", owner),
+            "spec": {"secretName": tls_secret_name(spec),
+                     "commonName": f"{spec.name}.{spec.namespace}.svc",
+                     "dnsNames": certificate_dns_names(spec),
+                     "duration": CERTIFICATE_DURATION, "renewBefore": CERTIFICATE_RENEW_BEFORE,
+                     "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+                     "usages": ["digital signature", "key encipherment", "server auth", "client auth"],
+                     "issuerRef": {"name": ref.name, "kind": ref.kind.value, "group": ref.group}}}
+
+
+def _secret_volumes(spec: BookieClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the TLS, auth and metadata-service Secrets the spec names: whole
+    directories, read-only, so that Kubernetes' in-place Secret updates reach the processes."""
+    volumes, mounts = [], []
+    for name, secret, path in (("tls", tls_secret_name(spec), TLS_DIR),
+                               ("auth", spec.auth.secret_name if spec.auth else None, AUTH_DIR),
+                               ("etcd", spec.metadata_service_secret, ETCD_DIR)):
+        if secret:
+            volumes.append({"name": name, "secret": {"secretName": secret, "defaultMode": SECRET_MODE}})
+            mounts.append({"name": name, "mountPath": path, "readOnly": True})
+    return volumes, mounts
+
+
+def security_env(spec: BookieClusterSpec) -> list[dict[str, Any]]:
+    """File names of the mounted Secrets as the processes' options (server and client side)."""
+    env = []
+    if spec.tls is not None:
+        env += [{"name": CLIENT_ENV[opt], "value": f"{TLS_DIR}/{key}"} for opt, key in TLS_FILES.items()]
+        if (name := server_name(spec)) is not None:
+            env.append({"name": CLIENT_ENV["tls_server_name"], "value": name})
+        if spec.tls.client_auth:
+            env.append({"name": _env_name("tls_client_auth"), "value": "true"})
+    if spec.auth is not None:
+        env += [{"name": _env_name("auth_file"), "value": f"{AUTH_DIR}/{AUTH_FILE}"},
+                {"name": CLIENT_ENV["token_file"], "value": f"{AUTH_DIR}/{ADMIN_TOKEN}"}]
+    return env
+
+
+def _probe_scheme(spec: BookieClusterSpec) -> str:
+    """Admin HTTP serves HTTPS with the cluster's certificate when TLS is on (kubelet does not
+    verify it; the probed paths stay open to anonymous callers)."""
+    return "HTTPS" if spec.tls is not None else "HTTP"
+
+
 def service(spec: BookieClusterSpec, owner: dict | None = None) -> dict[str, Any]:
     """Headless Service giving each bookie a stable DNS name (published before readiness so a
     starting bookie can register under its name)."""
@@ -109,7 +207,20 @@ def config_map(spec: BookieClusterSpec, metadata_uri: str, owner: dict | None = 
             "metadata": _meta(spec, f"{spec.name}-config", "config", owner),
             "data": {"metadataServiceUri": metadata_uri, "ensemble": str(ld.ensemble),
                      "writeQuorum": str(ld.write_quorum), "ackQuorum": str(ld.ack_quorum),
-                     "bookieService": f"{spec.name}.{spec.namespace}.svc"}}
+                     "bookieService": f"{spec.name}.{spec.namespace}.svc",
+                     **_client_security_data(spec)}}
+
+
+def _client_security_data(spec: BookieClusterSpec) -> dict[str, str]:
+    """What a client must set up to talk to this cluster (names only: the Secrets stay Secrets)."""
+    out = {}
+    if spec.tls is not None:
+        out["tlsSecret"] = tls_secret_name(spec) or ""
+        if (name := server_name(spec)) is not None:
+            out["tlsServerName"] = name
+    if spec.metadata_service_secret:
+        out["metadataServiceSecret"] = spec.metadata_service_secret
+    return out
 
 
 def _bookie_env(spec: BookieClusterSpec, metadata_uri: str) -> list[dict[str, Any]]:
@@ -125,6 +236,7 @@ def _bookie_env(spec: BookieClusterSpec, metadata_uri: str) -> list[dict[str, An
            {"name": "PYBK_JOURNAL_DIR", "value": JOURNAL_DIR},
            {"name": "PYBK_LEDGER_DIR", "value": LEDGERS_DIR},
            {"name": "PYBK_ZONE_WAIT", "value": "30" if spec.zone_spreading.enabled else "0"}]
+    env += security_env(spec)
     fixed = {e["name"] for e in env}
     env += [{"name": _env_name(k), "value": v} for k, v in sorted(spec.config.items())
             if _env_name(k) not in fixed]
@@ -142,7 +254,8 @@ def stateful_set(spec: BookieClusterSpec, metadata_uri: str, replicas: int,
                  owner: dict | None = None) -> dict[str, Any]:
     """The bookies: one pod per ordinal, a journal and a ledgers volume each."""
     pod_sec, ctr_sec = _security()
-    http = {"port": "http", "scheme": "HTTP"}
+    http = {"port": "http", "scheme": _probe_scheme(spec)}
+    secret_volumes, secret_mounts = _secret_volumes(spec)
     container: dict[str, Any] = {
         "name": "bookie", "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["/usr/local/bin/bookie-entrypoint"],
@@ -157,7 +270,7 @@ def stateful_set(spec: BookieClusterSpec, metadata_uri: str, replicas: int,
                          "periodSeconds": 5, "failureThreshold": 120, "timeoutSeconds": 5},
         "volumeMounts": [{"name": "journal", "mountPath": JOURNAL_DIR},
                          {"name": "ledgers", "mountPath": LEDGERS_DIR},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"}, *secret_mounts],
         "securityContext": ctr_sec,
     }
     if spec.resources:
@@ -167,7 +280,7 @@ def stateful_set(spec: BookieClusterSpec, metadata_uri: str, replicas: int,
         "securityContext": pod_sec,
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *secret_volumes],
     }
     zs = spec.zone_spreading
     if zs.enabled:
@@ -216,6 +329,8 @@ def pod_disruption_budget(spec: BookieClusterSpec, owner: dict | None = None) ->
 def autorecovery(spec: BookieClusterSpec, owner: dict | None = None) -> dict[str, Any]:
     """Auditor + replication workers (`pybk autorecovery`); they elect one auditor in etcd."""
     pod_sec, ctr_sec = _security()
+    http = {"port": "http", "scheme": _probe_scheme(spec)}
+    secret_volumes, secret_mounts = _secret_volumes(spec)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(spec, f"{spec.name}-autorecovery", "autorecovery", owner),
@@ -240,16 +355,17 @@ def autorecovery(spec: BookieClusterSpec, owner: dict | None = None) -> dict[str
                                  "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                                 {"name": "PYBK_RECOVERY_HTTP_PORT", "value": str(RECOVERY_HTTP_PORT)},
                                 {"name": "PYBK_RECOVERY_NAME",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                *security_env(spec)],
                         "ports": [{"name": "http", "containerPort": RECOVERY_HTTP_PORT, "protocol": "TCP"}],
-                        "readinessProbe": {"httpGet": {"path": "/heartbeat", "port": "http"},
+                        "readinessProbe": {"httpGet": {"path": "/heartbeat", **http},
                                            "periodSeconds": 10},
-                        "livenessProbe": {"httpGet": {"path": "/heartbeat", "port": "http"},
+                        "livenessProbe": {"httpGet": {"path": "/heartbeat", **http},
                                           "periodSeconds": 20, "failureThreshold": 6},
                         "securityContext": ctr_sec,
-                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *secret_mounts],
                     }],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, *secret_volumes],
                 },
             },
         },
@@ -277,8 +393,9 @@ def render(spec: BookieClusterSpec, metadata_uri: str, replicas: int | None = No
 
     The StatefulSet comes last: its resources-hash annotation then says that everything before
     it was applied from that spec too."""
-    return [*rbac(spec, owner), service(spec, owner), config_map(spec, metadata_uri, owner),
-            pod_disruption_budget(spec, owner), autorecovery(spec, owner),
+    cert = certificate(spec, owner)
+    return [*rbac(spec, owner), *([cert] if cert else []), service(spec, owner),
+            config_map(spec, metadata_uri, owner), pod_disruption_budget(spec, owner), autorecovery(spec, owner),
             stateful_set(spec, metadata_uri, spec.replicas if replicas is None else replicas, owner)]
 
 

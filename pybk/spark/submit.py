@@ -9,6 +9,12 @@ in-cluster DNS: the metadata URI names etcd's Service, and bookie ids are
 `job_manifests` is the pure part (Service + Job for a `SparkJob`); the Kubernetes reads and the
 apply are at the edge (`run`). Who may call it: anyone whose kube credentials may read the
 BookieCluster and its ConfigMap (and, with --apply, create Services and Jobs in its namespace).
+
+A secured cluster (docs/security.md): `--tls-secret`, `--token-secret` and `--etcd-secret` mount
+Secrets read-only into the driver and every executor and set the client's `PYBK_*` variables to
+the files; the TLS server name defaults to the one the operator published in the ConfigMap.
+Every driver and executor pod is labelled `app.kubernetes.io/name: pybk-spark`, which the chart's
+NetworkPolicy admits to bookies and etcd.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Any
 import yaml
 
 from pybk.cluster.spec import GROUP, VERSION
+from pybk.security.settings import ENV as CLIENT_ENV
 
 IMAGE = "pybk-spark:0.1.0"
 IMAGE_JOBS_DIR = "/opt/pybk/spark"
@@ -32,6 +39,10 @@ DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
 DRIVER_LABEL = "pybk.io/spark-driver"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+APP_LABEL = ("app.kubernetes.io/name", "pybk-spark")
+TLS_DIR = "/etc/pybk/tls"       # a kubernetes.io/tls Secret: tls.crt, tls.key, ca.crt
+TOKEN_DIR = "/etc/pybk/token"   # a Secret with the key `token`
+ETCD_DIR = "/etc/pybk/etcd"     # the files the metadata URI's options name
 
 
 class SubmitError(Exception):
@@ -54,6 +65,29 @@ class SparkJob:
     executor_memory: str = "1g"
     name: str = ""
     conf: dict[str, str] = field(default_factory=dict)
+    tls_secret: str | None = None
+    tls_server_name: str | None = None
+    token_secret: str | None = None
+    etcd_secret: str | None = None
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """Secret name -> where the driver and executors mount it."""
+        return {name: path for name, path in ((self.tls_secret, TLS_DIR), (self.token_secret, TOKEN_DIR),
+                                              (self.etcd_secret, ETCD_DIR)) if name}
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """The client security variables (file names only) the job's pybk client reads."""
+        env = {}
+        if self.tls_secret:
+            env.update({CLIENT_ENV["tls_ca"]: f"{TLS_DIR}/ca.crt", CLIENT_ENV["tls_cert"]: f"{TLS_DIR}/tls.crt",
+                        CLIENT_ENV["tls_key"]: f"{TLS_DIR}/tls.key"})
+            if self.tls_server_name:
+                env[CLIENT_ENV["tls_server_name"]] = self.tls_server_name
+        if self.token_secret:
+            env[CLIENT_ENV["token_file"]] = f"{TOKEN_DIR}/token"
+        return env
 
     @property
     def job_name(self) -> str:
@@ -89,7 +123,12 @@ def spark_conf(job: SparkJob) -> dict[str, str]:
         "spark.executor.instances": str(job.executors),
         "spark.executor.cores": str(job.executor_cores),
         "spark.executor.memory": job.executor_memory,
+        f"spark.kubernetes.executor.label.{APP_LABEL[0]}": APP_LABEL[1],
     }
+    for secret, path in job.secrets.items():
+        conf[f"spark.kubernetes.executor.secrets.{secret}"] = path
+    for name, value in job.client_env.items():
+        conf[f"spark.executorEnv.{name}"] = value
     conf.update(job.conf)
     return conf
 
@@ -103,7 +142,7 @@ def submit_command(job: SparkJob) -> list[str]:
 
 
 def _labels(job: SparkJob) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "pybk-spark", "app.kubernetes.io/instance": job.job_name,
+    return {APP_LABEL[0]: APP_LABEL[1], "app.kubernetes.io/instance": job.job_name,
             "pybk.io/cluster": job.cluster}
 
 
@@ -121,18 +160,26 @@ def job_manifests(job: SparkJob) -> list[dict[str, Any]]:
     }
     container = {
         "name": "driver", "image": job.image, "args": submit_command(job),
-        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                *({"name": k, "value": v} for k, v in job.client_env.items())],
         "ports": [{"name": "driver-rpc", "containerPort": DRIVER_PORT},
                   {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
     }
+    pod_spec: dict[str, Any] = {"serviceAccountName": job.service_account, "restartPolicy": "Never",
+                                "containers": [container]}
+    if job.secrets:
+        volumes = {secret: f"secret-{i}" for i, secret in enumerate(job.secrets)}
+        container["volumeMounts"] = [{"name": volumes[secret], "mountPath": path, "readOnly": True}
+                                     for secret, path in job.secrets.items()]
+        pod_spec["volumes"] = [{"name": volumes[secret], "secret": {"secretName": secret}}
+                               for secret in job.secrets]
     job_obj = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": job.job_name, "namespace": job.namespace, "labels": labels},
         "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 86400,
                  "template": {"metadata": {"labels": {**labels, DRIVER_LABEL: job.job_name}},
-                              "spec": {"serviceAccountName": job.service_account,
-                                       "restartPolicy": "Never", "containers": [container]}}},
+                              "spec": pod_spec}},
     }
     return [service, job_obj]
 
@@ -152,12 +199,13 @@ def metadata_uri_of(cluster: dict[str, Any] | None, config_map: dict[str, Any] |
     return uri
 
 
-async def _lookup(name: str, namespace: str) -> str:
+async def _lookup(name: str, namespace: str) -> tuple[str, str | None]:
+    """(metadata URI, TLS server name or None) of the BookieCluster, from its ConfigMap."""
     from pybk.operator.kube import Kube
     kube = await Kube.connect()
     cluster = await kube.get(f"{GROUP}/{VERSION}", "BookieCluster", name, namespace)
     cm = await kube.get("v1", "ConfigMap", f"{name}-config", namespace) if cluster else None
-    return metadata_uri_of(cluster, cm, name, namespace)
+    return metadata_uri_of(cluster, cm, name, namespace), ((cm or {}).get("data") or {}).get("tlsServerName")
 
 
 async def _apply(objs: list[dict[str, Any]]) -> None:
@@ -198,6 +246,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--name", default="", help="the Job's name (default <cluster>-<job file stem>)")
     s.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting (repeatable)")
+    s.add_argument("--tls-secret", metavar="SECRET",
+                   help=f"a kubernetes.io/tls Secret (ca.crt; tls.crt and tls.key presented as client certificate) "
+                        f"mounted at {TLS_DIR} in the driver and executors: the job talks TLS")
+    s.add_argument("--tls-server-name", metavar="NAME",
+                   help="name expected in the bookies' certificates (default: the cluster's, from its ConfigMap)")
+    s.add_argument("--token-secret", metavar="SECRET",
+                   help=f"a Secret whose key `token` is the job's bearer token, mounted at {TOKEN_DIR}")
+    s.add_argument("--etcd-secret", metavar="SECRET",
+                   help=f"a Secret with the etcd client files the metadata URI's options name, mounted at {ETCD_DIR}")
     s.add_argument("--apply", action="store_true", help="create the Service and Job instead of printing them")
     s.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="printed format")
 
@@ -221,12 +278,19 @@ def run(args: argparse.Namespace) -> int:
         for flag, value in (("--executors", args.executors), ("--executor-cores", args.executor_cores)):
             if value < 1:
                 raise SubmitError(f"{flag} must be at least 1, got {value}")
-        uri = args.metadata_uri or asyncio.run(_lookup(args.cluster, args.namespace))
+        named = [n for n in (args.tls_secret, args.token_secret, args.etcd_secret) if n]
+        if len(set(named)) != len(named):
+            raise SubmitError("--tls-secret, --token-secret and --etcd-secret must name different Secrets "
+                              "(Spark mounts each Secret once)")
+        uri, server_name = (args.metadata_uri, None) if args.metadata_uri else \
+            asyncio.run(_lookup(args.cluster, args.namespace))
         job = SparkJob(cluster=args.cluster, namespace=args.namespace, metadata_uri=uri,
                        job_file=args.job_file, args=_job_args(args.job_args), image=args.image,
                        service_account=args.service_account, executors=args.executors,
                        executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-                       name=args.name, conf=_conf(args.conf))
+                       name=args.name, conf=_conf(args.conf), tls_secret=args.tls_secret,
+                       tls_server_name=args.tls_server_name or server_name, token_secret=args.token_secret,
+                       etcd_secret=args.etcd_secret)
         objs = job_manifests(job)
         if args.apply:
             asyncio.run(_apply(objs))

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pybk.cluster.spec import BookieClusterSpec, SpecError, load_manifest, option_name
+from pybk.cluster.spec import (BookieClusterSpec, IssuerKind, IssuerRef, SpecError, TlsSpec, load_manifest,
+                               option_name)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -76,3 +77,39 @@ def test_bad_metadata_uri_is_refused_when_applied():
         BookieClusterSpec.from_manifest(manifest(metadataServiceUri="etcd://host:notaport/pybk"))
     with pytest.raises(SpecError, match="must look like etcd://"):
         BookieClusterSpec.from_manifest(manifest(metadataServiceUri="http://etcd:2379"))
+
+
+def test_tls_and_auth_parse_from_either_certificate_source():
+    s = load_manifest(EXAMPLES / "bookiecluster-full.yaml")
+    assert s.tls == TlsSpec(secret_name="ledgers-tls", server_name="ledgers.pybk.svc", client_auth=True)
+    assert s.auth.secret_name == "ledgers-auth" and s.metadata_service_secret == "etcd-client"
+    secure = load_manifest(EXAMPLES / "bookiecluster-secure.yaml")
+    assert secure.tls == TlsSpec(issuer_ref=IssuerRef("pybk-ca", IssuerKind.ISSUER, "cert-manager.io"))
+    cluster_issuer = BookieClusterSpec.from_manifest(manifest(tls={"issuerRef": {"name": "ca",
+                                                                                 "kind": "ClusterIssuer"}}))
+    assert cluster_issuer.tls.issuer_ref.kind is IssuerKind.CLUSTER_ISSUER
+    assert BookieClusterSpec.from_manifest(manifest()).tls is None
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ({"tls": {"secretName": "a", "issuerRef": {"name": "ca"}}},
+     "spec.tls needs exactly one of secretName (an existing kubernetes.io/tls Secret) and issuerRef "
+     "(cert-manager issues one), got both"),
+    ({"tls": {}}, "spec.tls needs exactly one of secretName"),
+    ({"tls": {"secretName": "My_TLS"}}, "spec.tls.secretName 'My_TLS' must be a Kubernetes object name"),
+    ({"tls": {"issuerRef": {"kind": "Issuer"}}}, "spec.tls.issuerRef.name is required"),
+    ({"tls": {"issuerRef": {"name": "ca", "kind": "Vault"}}},
+     "spec.tls.issuerRef.kind must be one of Issuer, ClusterIssuer, got 'Vault'"),
+    ({"tls": {"secretName": "t", "serverName": "Bookies!"}}, "spec.tls.serverName 'Bookies!' must be a DNS name"),
+    ({"tls": {"secretName": "t", "ca": "x"}}, "spec.tls.ca is not a known field"),
+    ({"tls": "on"}, "spec.tls must be a mapping"),
+    ({"tls": {"secretName": "t", "clientAuth": "yes"}}, "spec.tls.clientAuth must be true or false"),
+    ({"tls": {"secretName": "t"}, "auth": {}}, "spec.auth.secretName is required"),
+    ({"auth": {"secretName": "a"}}, "spec.auth needs spec.tls: without TLS the tokens would cross the network"),
+    ({"metadataServiceSecret": "etcd creds"}, "spec.metadataServiceSecret 'etcd creds' must be a Kubernetes"),
+    ({"tls": {"secretName": "t"}, "config": {"tls-cert": "/x"}}, "spec.config.tls-cert is set by the platform"),
+])
+def test_invalid_tls_and_auth_are_rejected_naming_the_field(spec, needle):
+    with pytest.raises(SpecError) as err:
+        BookieClusterSpec.from_manifest(manifest(**spec))
+    assert needle in str(err.value)

@@ -43,6 +43,7 @@ RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, set()),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, set()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, set()),
+    "cert-manager.io/v1/certificates": ("Certificate", True, set()),
 }
 
 

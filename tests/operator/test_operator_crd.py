@@ -100,3 +100,30 @@ def test_each_quorum_rule_rejects_its_case(spec, message):
     obj = {"apiVersion": "pybk.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "x"}, "spec": spec}
     errors = crd.admit(obj)[1]
     assert len(errors) == 1 and message in errors[0]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"tls": {"secretName": "a", "issuerRef": {"name": "ca"}}}, "tls needs exactly one of secretName and issuerRef"),
+    ({"tls": {"serverName": "demo.default.svc"}}, "tls needs exactly one of secretName and issuerRef"),
+    ({"auth": {"secretName": "a"}}, "auth needs tls: without TLS the tokens would cross the network in plaintext"),
+])
+def test_each_security_rule_rejects_its_case(spec, message):
+    obj = {"apiVersion": "pybk.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "x"}, "spec": spec}
+    errors = crd.admit(obj)[1]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_schema_rejects_unknown_issuer_kinds_and_bad_secret_names():
+    obj = {"apiVersion": "pybk.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "x"},
+           "spec": {"tls": {"issuerRef": {"name": "ca", "kind": "Vault"}}, "auth": {"secretName": "Bad_Name"}}}
+    joined = "\n".join(crd.admit(obj)[1])
+    assert "spec.tls.issuerRef.kind" in joined and "'Vault' is not one of ['Issuer', 'ClusterIssuer']" in joined
+    assert "spec.auth.secretName" in joined
+
+
+def test_issuer_ref_defaults_to_a_cert_manager_issuer():
+    obj = {"apiVersion": "pybk.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "x"},
+           "spec": {"tls": {"issuerRef": {"name": "ca"}}}}
+    defaulted, errors = crd.admit(obj)
+    assert errors == []
+    assert defaulted["spec"]["tls"]["issuerRef"] == {"name": "ca", "kind": "Issuer", "group": "cert-manager.io"}

@@ -30,6 +30,7 @@ from pybk.local.bookie import BookieProcess
 from pybk.meta import MetadataStore
 from pybk.operator import render
 from pybk.recovery.process import AutoRecoveryProcess
+from pybk.security.settings import ENV
 
 NAME = "demo"
 CLUSTER = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
@@ -37,6 +38,7 @@ STS = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{NAME}"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 PVCS = f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims"
 DEPLOYMENT = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}-autorecovery"
+CERTIFICATES = f"/apis/cert-manager.io/v1/namespaces/{NAMESPACE}/certificates"
 FINALIZER = f"{GROUP}/finalizer"
 PASSWORD = b"operator-test"
 # what the autorecovery Deployment's pod runs, quick enough for a test
@@ -291,6 +293,12 @@ async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri):
     assert api.get(STS)["spec"]["replicas"] == 3
     assert api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config")["data"][
         "metadataServiceUri"] == metadata_uri
+    # no security asked for: nothing mounted, probes plain HTTP, no certificate requested
+    for workload in (api.get(STS), api.get(DEPLOYMENT)):
+        pod = workload["spec"]["template"]["spec"]
+        assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+        assert pod["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert api.items(CERTIFICATES) == []
 
 
 async def test_scale_up_adds_a_bookie(world, metadata_uri):
@@ -488,3 +496,38 @@ async def test_delete_removes_the_finalizer(world, metadata_uri):
     await ready(api, 3)
     assert api.delete(f"{CLUSTER}/{NAME}") == 200
     await eventually(lambda: api.cluster() is None, TIMEOUT, 0.2, "the BookieCluster gone")
+
+
+async def test_issuer_ref_gets_a_certificate_and_every_pod_mounts_it(world, metadata_uri):
+    api, _, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri, tls={"issuerRef": {"name": "pybk-ca", "kind": "ClusterIssuer"}},
+                                 auth={"secretName": "demo-auth"}))
+    cluster = await ready(api, 3)
+    cert = api.get(f"{CERTIFICATES}/{NAME}-tls")
+    assert cert is not None, "no Certificate requested"
+    assert [r["uid"] for r in cert["metadata"]["ownerReferences"]] == [cluster["metadata"]["uid"]]
+    assert cert["spec"]["issuerRef"] == {"name": "pybk-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert cert["spec"]["secretName"] == f"{NAME}-tls"
+    assert f"*.{NAME}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    assert {"server auth", "client auth"} <= set(cert["spec"]["usages"])
+    for workload in (api.get(STS), api.get(DEPLOYMENT)):
+        pod = workload["spec"]["template"]["spec"]
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        assert secrets == {"tls": f"{NAME}-tls", "auth": "demo-auth"}, workload["kind"]
+        c = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env[ENV["tls_ca"]] == "/etc/pybk/tls/ca.crt" and env[ENV["token_file"]] == "/etc/pybk/auth/admin.token"
+        assert env[ENV["tls_server_name"]] == f"{NAME}.{NAMESPACE}.svc"
+        assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS", workload["kind"]
+
+
+async def test_two_certificate_sources_are_refused_naming_the_field(world, metadata_uri):
+    api, kubelet, _ = world
+    api.create(CLUSTER, manifest(3, metadata_uri, tls={"secretName": "demo-tls", "issuerRef": {"name": "pybk-ca"}}))
+    cluster = await eventually(lambda: (c := api.cluster()) and condition(c, "Degraded").get("status") == "True"
+                               and c, TIMEOUT, 0.2, "Degraded")
+    degraded = condition(cluster, "Degraded")
+    assert degraded["reason"] == INVALID_SPEC
+    assert "spec.tls needs exactly one of secretName" in degraded["message"] and "got both" in degraded["message"]
+    assert api.get(STS) is None and api.items(CERTIFICATES) == []
+    assert not kubelet.bookies

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from polling import eventually
 
-from pybk.client import AccessDeniedError, BookKeeper
+from pybk.client import AccessDeniedError, BookKeeper, NoSuchLedgerError, UnauthorizedError
 from pybk.security.settings import ClientSecurity
 
 
@@ -65,3 +65,53 @@ async def test_bookie_with_tokens_over_plaintext_warns(bookies, pki):
     await eventually(lambda: "WARNING pybk.bookie: bearer tokens travel in plaintext" in b.log_tail(30),
                      timeout=10, what="the plaintext token warning")
     assert "security is OFF" not in b.log_tail(30)
+
+
+async def test_writer_replaces_a_lost_bookie_with_security_on(bookies, pki, metadata_uri):
+    procs = bookies(4, **pki.bookie_options())
+    payloads = [f"entry {i}".encode() for i in range(100)]
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("writer")) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        for p in payloads[:50]:
+            await lh.add_entry(p)
+        lost = lh.metadata.fragments[-1].bookies[0]
+        next(b for b in procs if b.bookie_id == lost).kill()
+        for p in payloads[50:]:
+            await lh.add_entry(p)
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+    assert len(md.fragments) == 2 and lost not in md.fragments[-1].bookies
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("reader")) as bk:
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert [e.data async for e in rh.read_entries(0, 99)] == payloads
+
+
+async def test_a_crashed_writers_ledger_is_recovered_by_a_writer_with_its_password(bookies, pki, metadata_uri):
+    bookies(3, **pki.bookie_options())
+    payloads = [f"acked {i}".encode() for i in range(30)]
+    crashed = await BookKeeper.connect(metadata_uri, security=pki.client("writer"))
+    lh = await crashed.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+    for p in payloads:
+        await lh.add_entry(p)
+    await crashed.close()  # the ledger stays OPEN, as after a crash
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("writer")) as bk:
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.metadata.is_closed and rh.metadata.last_entry_id == len(payloads) - 1
+        assert [e.data async for e in rh.read_entries(0, len(payloads) - 1)] == payloads
+
+
+async def test_deleting_needs_the_password_or_an_admin_credential(bookies, pki, metadata_uri):
+    bookies(1, **pki.bookie_options())
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("writer")) as bk:
+        lh = await bk.create_ledger(ensemble=1, password=b"pw")
+        await lh.add_entry(b"keep me")
+        await lh.close()
+        with pytest.raises(UnauthorizedError, match="needs the admin role; bookies take this client for role writer"):
+            await bk.delete_ledger(lh.ledger_id, force=True)
+        with pytest.raises(UnauthorizedError, match=f"wrong password for ledger {lh.ledger_id}"):
+            await bk.delete_ledger(lh.ledger_id, password=b"guess")
+        assert (await bk.ledger_metadata(lh.ledger_id)).ledger_id == lh.ledger_id
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("admin")) as bk:
+        await bk.delete_ledger(lh.ledger_id, force=True)
+        with pytest.raises(NoSuchLedgerError):
+            await bk.ledger_metadata(lh.ledger_id)

@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pybk.spark.submit import (BLOCK_MANAGER_PORT, DRIVER_LABEL, DRIVER_PORT, IMAGE_JOBS_DIR, MASTER,
+from pybk.security.settings import ENV
+from pybk.spark.submit import (APP_LABEL, BLOCK_MANAGER_PORT, DRIVER_LABEL, DRIVER_PORT, IMAGE_JOBS_DIR, MASTER,
                                SparkJob, SubmitError, job_manifests, job_name, metadata_uri_of,
                                spark_conf)
 
@@ -292,3 +293,57 @@ def test_sparkapplication_schema_catches_a_misspelt_field():
     messages = sorted(e.message for e in app_validator().iter_errors(app))
     assert any("'instance' was unexpected" in m for m in messages)
     assert any("'local' is not one of" in m for m in messages)
+
+
+def test_submit_mounts_client_secrets_into_the_driver_and_every_executor():
+    job = SparkJob(cluster="demo", namespace="default", metadata_uri=URI, job_file="ledger_stats.py",
+                   tls_secret="spark-tls", tls_server_name="demo.default.svc", token_secret="spark-token",
+                   etcd_secret="etcd-reader")
+    objs = job_manifests(job)
+    conf = assert_driver_job(objs)
+    pod = objs[1]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    mounts = {v["secret"]["secretName"]: m["mountPath"] for v in pod["volumes"] for m in c["volumeMounts"]
+              if m["name"] == v["name"] and m["readOnly"]}
+    assert mounts == {"spark-tls": "/etc/pybk/tls", "spark-token": "/etc/pybk/token", "etcd-reader": "/etc/pybk/etcd"}
+    expected = {ENV["tls_ca"]: "/etc/pybk/tls/ca.crt", ENV["tls_cert"]: "/etc/pybk/tls/tls.crt",
+                ENV["tls_key"]: "/etc/pybk/tls/tls.key", ENV["tls_server_name"]: "demo.default.svc",
+                ENV["token_file"]: "/etc/pybk/token/token"}
+    assert {e["name"]: e["value"] for e in c["env"] if "value" in e} == expected
+    assert {k.removeprefix("spark.kubernetes.executor.secrets."): v for k, v in conf.items()
+            if k.startswith("spark.kubernetes.executor.secrets.")} == mounts
+    assert {k.removeprefix("spark.executorEnv."): v for k, v in conf.items()
+            if k.startswith("spark.executorEnv.")} == expected
+
+
+def test_submit_without_secrets_mounts_nothing():
+    objs = job_manifests(SparkJob(cluster="demo", namespace="default", metadata_uri=URI, job_file="ledger_stats.py"))
+    conf = assert_driver_job(objs)
+    pod = objs[1]["spec"]["template"]["spec"]
+    assert "volumes" not in pod and [e["name"] for e in pod["containers"][0]["env"]] == ["POD_NAME"]
+    assert not [k for k in conf if k.startswith(("spark.executorEnv.", "spark.kubernetes.executor.secrets."))]
+
+
+@pytest.mark.parametrize("path", [*JOB_EXAMPLES, None], ids=lambda p: p.name if p else "pybk spark submit")
+def test_every_spark_pod_carries_the_label_the_network_policy_admits(path):
+    objs = docs(path) if path else job_manifests(SparkJob(cluster="demo", namespace="default", metadata_uri=URI,
+                                                          job_file="ledger_stats.py"))
+    job = next(d for d in objs if d["kind"] == "Job")
+    key, value = APP_LABEL
+    assert job["spec"]["template"]["metadata"]["labels"][key] == value  # the driver
+    conf = conf_of(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert conf[f"spark.kubernetes.executor.label.{key}"] == value     # its executors
+
+
+@pytest.mark.parametrize("path", APP_EXAMPLES, ids=lambda p: p.name)
+def test_spark_operator_pods_carry_the_label_the_network_policy_admits(path):
+    app = docs(path)[0]["spec"]
+    key, value = APP_LABEL
+    assert app["driver"]["labels"][key] == value and app["executor"]["labels"][key] == value
+
+
+def test_submit_command_refuses_one_secret_for_two_purposes():
+    out = pybk("spark", "submit", "--metadata-uri", URI, "--tls-secret", "s", "--token-secret", "s",
+               "demo", "ledger_stats.py")
+    assert out.returncode == 2
+    assert "must name different Secrets" in out.stderr.splitlines()[0]
