@@ -12,11 +12,21 @@ DEFAULT_PREFIX = "pybk"
 
 
 def load_spec(path: str | Path) -> BookieClusterSpec:
-    """Read and validate a BookieCluster manifest file; LocalClusterError says what is wrong."""
+    """Read and validate a BookieCluster manifest file; LocalClusterError says what is wrong.
+    Fields that name Kubernetes Secrets (spec.tls, spec.auth, spec.metadataServiceSecret) are
+    refused: a local cluster cannot mount them, and ignoring them would run it open unawares."""
     try:
-        return load_manifest(path)
+        spec = load_manifest(path)
     except SpecError as e:
         raise LocalClusterError(f"{path}: {e}") from None
+    secret_fields = [name for name, value in (("spec.tls", spec.tls), ("spec.auth", spec.auth),
+                                              ("spec.metadataServiceSecret", spec.metadata_service_secret))
+                     if value is not None]
+    if secret_fields:
+        raise LocalClusterError(f"{path}: {', '.join(secret_fields)} name Kubernetes Secrets, which a local "
+                                "cluster cannot mount; remove them and run `pybk local up --secure` for a "
+                                "local cluster with TLS and authentication")
+    return spec
 
 
 def metadata_prefix(spec: BookieClusterSpec) -> str:

@@ -32,6 +32,16 @@ def test_invalid_manifest_is_refused_naming_the_field(tmp_path):
         load_spec(bad)
 
 
+def test_secret_fields_are_refused_pointing_to_secure(tmp_path):
+    secured = tmp_path / "secured.yaml"
+    secured.write_text(EXAMPLE.read_text().replace("spec:\n", "spec:\n  tls:\n    secretName: pybk-tls\n"
+                                                   "  auth:\n    secretName: pybk-auth\n", 1))
+    with pytest.raises(LocalClusterError) as err:
+        load_spec(secured)
+    first = str(err.value).splitlines()[0]
+    assert "spec.tls, spec.auth name Kubernetes Secrets" in first and "pybk local up --secure" in first
+
+
 def test_missing_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(LocalClusterError, match="cannot read"):
         load_spec(tmp_path / "nope.yaml")
