@@ -19,13 +19,14 @@ import asyncio
 import enum
 import ipaddress
 import logging
-import os
 import re
 import socket
 from typing import Sequence
 
 import grpc
 from aetcd import rpc
+
+from pybk.security.files import file_stamps
 
 from .errors import (MetadataAuthError, MetadataError, MetadataPermissionError, MetadataTlsError,
                      MetadataUnavailableError)
@@ -140,14 +141,7 @@ def tls_stamp(uri: MetadataUri) -> tuple | None:
     symbolic links as Kubernetes' Secret volumes use), to notice a rotation; None without TLS."""
     if not uri.tls:
         return None
-    stamp = []
-    for path in (uri.tls_ca, uri.tls_cert, uri.tls_key):
-        try:
-            st = os.stat(path) if path else None
-        except OSError:
-            st = None
-        stamp.append((st.st_size, st.st_mtime_ns) if st else None)
-    return tuple(stamp)
+    return file_stamps((uri.tls_ca, uri.tls_cert, uri.tls_key))
 
 
 def read_password(uri: MetadataUri) -> str:

@@ -13,7 +13,6 @@ import enum
 import hashlib
 import hmac
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from .files import file_stamps
 from .roles import OPEN, REQUIRED, Operation, Principal, Role
 
 __all__ = ["AccessDenied", "AuthFileError", "AuthTable", "Authenticator", "Denial", "bearer_token",
@@ -198,14 +198,7 @@ class Authenticator:
         return self._table is not None
 
     def _stamps(self) -> tuple:
-        out = []
-        for p in (self.path, *(self._table.files if self._table else ())):
-            try:
-                st = os.stat(p)
-                out.append((p, st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append((p, None))
-        return tuple(out)
+        return file_stamps((self.path, *(self._table.files if self._table else ())))
 
     def table(self) -> AuthTable | None:
         """The current table, re-read first if the file (or a token file) changed."""

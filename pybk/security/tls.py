@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import ssl
 import threading
 import time
@@ -24,6 +23,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
+from .files import file_stamps
 from .settings import ClientSecurity
 
 __all__ = ["CertificateError", "Identity", "ServerTls", "ReloadingServerCredentials", "ReloadingSSLContext",
@@ -163,21 +163,11 @@ class _Watched:
     def __init__(self, tls: ServerTls, on_change: Callable[[Identity], None] | None = None):
         self.tls = tls
         self.identity = check_identity(tls)
-        self._stamp = self._stamps()
+        self._stamp = file_stamps(tls.paths())
         self._refused: tuple | None = None
         self._checked = time.monotonic()
         self._lock = threading.Lock()
         self._on_change = on_change
-
-    def _stamps(self) -> tuple:
-        out = []
-        for p in self.tls.paths():
-            try:
-                st = os.stat(p)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
 
     def poll(self, force: bool = False) -> Identity | None:
         """The new identity if the files changed into a good one since the last look, else None."""
@@ -186,7 +176,7 @@ class _Watched:
             return None
         with self._lock:
             self._checked = now
-            stamp = self._stamps()
+            stamp = file_stamps(self.tls.paths())
             if stamp == self._stamp or stamp == self._refused:
                 return None
             try:
