@@ -20,8 +20,7 @@ from .auth import AccessDenied, Authenticator, Denial
 from .roles import Operation
 from .settings import ClientSecurity
 
-__all__ = ["READ_METHODS", "admin_headers", "admin_middleware", "admin_ssl", "admin_urlopen", "operation_of",
-           "with_scheme"]
+__all__ = ["READ_METHODS", "admin_headers", "admin_middleware", "admin_ssl", "admin_urlopen", "operation_of"]
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -84,10 +83,3 @@ def admin_urlopen(url: str, security: ClientSecurity, method: str = "GET", body:
         from .tls import client_ssl_context
         context = client_ssl_context(security)
     return urllib.request.urlopen(request, timeout=timeout, context=context)
-
-
-def with_scheme(address: str, tls: bool) -> str:
-    """`address` (host:port, or a URL) as a base URL: https when the server serves TLS."""
-    if "://" in address:
-        return address.rstrip("/")
-    return f"{'https' if tls else 'http'}://{address}"
