@@ -159,7 +159,6 @@ class ReplicationWorker:
             await self.store.underreplication.unmark(ledger_id)
             return True
         password = self.options.password_for(md.password_hash)
-        mkey = KEYLESS
         writable, readonly = await self.pool.registered()
         draining = {b for b, rec in (await self.store.decommission.list()).items()
                     if rec.state in decommission.ACTIVE}
@@ -186,18 +185,18 @@ class ReplicationWorker:
                     if action is plan.LastFragment.WAIT:
                         waiting = True
                         continue
-                    md = await self._recover(md, password, mkey)
+                    md = await self._recover(md, password)
                     restart = True
                     break
                 first, last = ranges[fi]
                 for b in frag_suspect:
-                    await self._fill_in_place(md, frag, first, last, b, bad, mkey, password, alive)
+                    await self._fill_in_place(md, frag, first, last, b, bad, password, alive)
                 if frag_bad:
                     b = frag_bad[0]
                     index = frag.bookies.index(b)
                     target = replace_bookies(zones, frag.bookies, [index], exclude=bad | draining)[index]
                     wanted = list(ledger.expected_entries(index, first, last, md.ensemble_size, md.write_quorum))
-                    await self._copy(md, frag.bookies, index, wanted, target, bad - alive, mkey, password)
+                    await self._copy(md, frag.bookies, index, wanted, target, bad - alive, password)
                     md = await self._swap(md, fi, frag.first_entry_id, b, target)
                     restart = True
                     break
@@ -233,7 +232,7 @@ class ReplicationWorker:
         self._progress[md.ledger_id] = plan.writer_progress(self._progress.get(md.ledger_id), seen, time.time())
         return self._progress[md.ledger_id][1]
 
-    async def _recover(self, md, password: bytes | None, mkey: bytes):
+    async def _recover(self, md, password: bytes | None):
         """Fence and recover an open ledger whose writer is gone, so its last fragment closes
         (keyless; without the password MAC entries are checked structurally)."""
         from pybk.client import BookKeeper
@@ -257,7 +256,7 @@ class ReplicationWorker:
         return result.metadata
 
     async def _fill_in_place(self, md, frag, first: int, last: int, bookie: str, bad: set[str],
-                             mkey: bytes, password: bytes | None, alive: set[str]) -> None:
+                             password: bytes | None, alive: set[str]) -> None:
         """Copy the entries a live ensemble member should hold but lacks back onto it."""
         if last < first:
             return
@@ -272,10 +271,10 @@ class ReplicationWorker:
         missing = plan.missing_entries(index, first, last, md.ensemble_size, md.write_quorum, held)
         if missing:
             log.info("ledger %d: %d entries missing on %s; copying them back", md.ledger_id, len(missing), bookie)
-            await self._copy(md, frag.bookies, index, missing, bookie, bad - alive, mkey, password)
+            await self._copy(md, frag.bookies, index, missing, bookie, bad - alive, password)
 
     async def _copy(self, md, ensemble: Sequence[str], index: int, wanted: list[int], target: str,
-                    lost: set[str], mkey: bytes, password: bytes | None) -> None:
+                    lost: set[str], password: bytes | None) -> None:
         """Copy entries (the share of ensemble[index]) from surviving replicas onto target. Lost
         bookies are no source; ensemble[index] itself is one when it is alive (a drained bookie)
         and not the target."""
@@ -296,14 +295,14 @@ class ReplicationWorker:
 
         async def one(run: plan.CopyRun) -> None:
             async with sem:
-                copied = await self._copy_run(md, run, dst, target, mkey, password)
+                copied = await self._copy_run(md, run, dst, target, password)
                 failed.extend(e for e in range(run.first, run.last + 1) if e not in copied)
 
         await asyncio.gather(*(one(r) for r in runs))
         for e in sorted(failed):
-            await self._copy_one(md, ensemble, e, dst, target, unavailable, mkey, password)
+            await self._copy_one(md, ensemble, e, dst, target, unavailable, password)
 
-    async def _copy_run(self, md, run: plan.CopyRun, dst, target: str, mkey: bytes,
+    async def _copy_run(self, md, run: plan.CopyRun, dst, target: str,
                         password: bytes | None) -> set[int]:
         """Stream a run from its source into target, keeping at most max_inflight_bytes of adds
         unanswered; returns the entry ids copied (a source error or a corrupt replica stops the
@@ -335,7 +334,7 @@ class ReplicationWorker:
                     if not self._valid(md, eid, body, password):
                         log.warning("ledger %d entry %d: corrupt replica on %s", md.ledger_id, eid, run.source)
                         break
-                    futs.append(dst.add_nowait(md.ledger_id, eid, body, mkey, recovery=True))
+                    futs.append(dst.add_nowait(md.ledger_id, eid, body, KEYLESS, recovery=True))
                     ids.append(eid)
                     size += len(body)
                     if size >= cap // 4:
@@ -361,14 +360,14 @@ class ReplicationWorker:
                 fut.cancel()
         return copied
 
-    async def _add(self, dst, ledger_id: int, eid: int, body: bytes, mkey: bytes) -> int:
-        await dst.add(ledger_id, eid, body, master_key=mkey, recovery=True)
+    async def _add(self, dst, ledger_id: int, eid: int, body: bytes) -> int:
+        await dst.add(ledger_id, eid, body, master_key=KEYLESS, recovery=True)
         metrics.ENTRIES_REPLICATED.inc()
         metrics.BYTES_REPLICATED.inc(len(body))
         return eid
 
     async def _copy_one(self, md, ensemble: Sequence[str], eid: int, dst, target: str,
-                        unavailable: set[str], mkey: bytes, password: bytes | None) -> None:
+                        unavailable: set[str], password: bytes | None) -> None:
         """Slow path for one entry: try every surviving member of its write set in turn."""
         for source in ledger.write_set_bookies(eid, ensemble, md.write_quorum):
             if source in unavailable or source == target:
@@ -382,7 +381,7 @@ class ReplicationWorker:
             if not self._valid(md, eid, body, password):
                 continue
             try:
-                await self._add(dst, md.ledger_id, eid, body, mkey)
+                await self._add(dst, md.ledger_id, eid, body)
             except BookieError as exc:
                 raise ReplicationFailed(f"ledger {md.ledger_id}: recovery add of {eid} to {target}: {exc}") from exc
             return
