@@ -73,8 +73,8 @@ def test_contradictory_filters_plan_nothing():
 
 
 def test_sub_ranges_hold_a_few_mib_of_payload():
-    from pybk.spark.source import (ARROW_BATCH_BYTES, MAX_SUB_RANGE, MIN_SUB_RANGE,
-                                   sub_range_entries)
+    from pybk.spark.scan import (ARROW_BATCH_BYTES, MAX_SUB_RANGE, MIN_SUB_RANGE,
+                                 sub_range_entries)
     assert sub_range_entries(None) == MIN_SUB_RANGE          # unknown sizes: start small
     assert sub_range_entries(1024) == min(MAX_SUB_RANGE, ARROW_BATCH_BYTES // 1024)
     assert sub_range_entries(64 << 20) == MIN_SUB_RANGE      # huge entries: never fewer than the minimum

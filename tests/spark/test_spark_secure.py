@@ -32,7 +32,7 @@ def secured(tmp_path_factory):
 
 async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, secured):
     from pybk.client import BookKeeper
-    from pybk.spark.source import job_ledgers
+    from pybk.spark.writer import job_ledgers
     cluster = read_client(secured)
     credentials = cluster.security.as_mapping()
     rows = [(f"row-{i}".encode(),) for i in range(40)]
@@ -92,7 +92,7 @@ async def _write(cluster, entries: int) -> int:
 
 def test_credentials_are_resolved_on_the_driver_only_for_the_local_clusters_uri(tmp_path, monkeypatch):
     from pybk.spark.options import ReadOptions, WriteOptions
-    from pybk.spark.source import with_credentials
+    from pybk.spark.runtime import with_credentials
     security = {"tls_ca": "/s/ca.crt", "tls_cert": "/s/admin/tls.crt", "tls_key": "/s/admin/tls.key",
                 "token_file": "/s/tokens/admin.token"}
     uri = "etcd://127.0.0.1:7/pybk?tls_ca=/s/ca.crt&user=pybk&password_file=/s/pw"

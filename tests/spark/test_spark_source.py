@@ -209,7 +209,7 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
         w.save()
 
     await in_thread(spark, save, df, "job-ok")
-    from pybk.spark.source import job_ledgers
+    from pybk.spark.writer import job_ledgers
     written = await job_ledgers(uri, "job-ok")
     assert sorted(written) == [0, 1, 2]
     for lid in written.values():
@@ -243,7 +243,7 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
 
 async def test_commit_deletes_ledgers_of_task_attempts_that_did_not_commit(spark, cluster):
     from pybk.spark.options import PARTITION_KEY
-    from pybk.spark.source import job_ledgers
+    from pybk.spark.writer import job_ledgers
     uri, bk, _ = cluster
     # what a task attempt killed mid-write leaves behind: an OPEN ledger tagged with the job
     stray = await write_ledger(bk, 5, close=False, **{JOB_KEY: b"job-retried", PARTITION_KEY: b"1"})

@@ -1,0 +1,107 @@
+"""How the `pybk` data source runs asyncio code from Spark's synchronous calls.
+
+Spark calls planning, read() and write() synchronously in its Python workers; the asyncio client
+runs on one event loop per Python worker process (`event_loop`), with one shared client per
+metadata URI and credentials (`client`).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+
+from pybk.local.client import local_client_for, overlay
+from pybk.security.settings import ClientSecurity
+
+from .options import OptionError, ReadOptions, WriteOptions
+
+CONNECT_TIMEOUT = 20.0
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_CLIENTS: dict[tuple[str, ClientSecurity | None], Any] = {}
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop, created once and never closed.
+
+    grpc.aio binds its completion queue to the first loop that uses it, and Spark reuses Python
+    workers for many tasks: a fresh loop per task would leave gRPC posting to a closed loop. One
+    loop per process also lets every task share one client (one etcd and one bookie connection
+    each) instead of connecting per partition.
+    """
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+    asyncio.set_event_loop(_LOOP)
+    return _LOOP
+
+
+def run(coro) -> Any:
+    """Run one coroutine to completion on this process's loop (Spark calls us synchronously)."""
+    return event_loop().run_until_complete(coro)
+
+
+def drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
+    """Iterate an async generator from synchronous code on this process's loop.
+
+    Spark pulls Arrow batches one by one; each pull runs the loop until the next batch is ready.
+    Stopping early (a LIMIT) closes the generator on the same loop.
+    """
+    loop = event_loop()
+    agen = make()
+    try:
+        while True:
+            try:
+                item = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        loop.run_until_complete(agen.aclose())
+
+
+async def connect(uri: str, security: ClientSecurity | None = None):
+    """A new BookKeeper client for uri with these credentials (None: this process's credential
+    variables, `PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...), or an OptionError that names the
+    unreachable service."""
+    from pybk.client import BookKeeper
+    from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
+    try:
+        return await asyncio.wait_for(BookKeeper.connect(uri, security=security), CONNECT_TIMEOUT)
+    except (asyncio.TimeoutError, OSError) as exc:
+        raise OptionError(f"metadata service {uri} is unreachable: {exc or 'timed out'}") from exc
+    except (MetadataUnavailableError, BadMetadataUriError) as exc:
+        raise OptionError(f"metadata service {uri}: {exc}") from exc
+
+
+async def client(uri: str, security: ClientSecurity | None = None):
+    """This process's shared client for uri and credentials (kept open for the worker's later tasks)."""
+    bk = _CLIENTS.get((uri, security))
+    if bk is None:
+        bk = _CLIENTS[(uri, security)] = await connect(uri, security)
+    return bk
+
+
+Options = TypeVar("Options", ReadOptions, WriteOptions)
+
+
+def with_credentials(opts: Options) -> Options:
+    """opts with the credentials resolved on the driver, so that every executor presents the same
+    files: the ones given as options, else the local cluster's (its local.json, when the URI names
+    the cluster of $PYBK_LOCAL_DIR or ./.pybk-local) overridden by the driver's credential
+    variables (`PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...); else none (executors then use their own
+    environment's)."""
+    if opts.security is not None:
+        return opts
+    local = local_client_for(opts.metadata_uri)
+    if local is None or not local.security.as_mapping():
+        return opts
+    return replace(opts, security=overlay(local.security))
+
+
+def is_no_such_ledger(exc: BaseException) -> bool:
+    """The ledger does not exist: the client's error, or the metadata store's that it wraps.
+    Imported here, like the client in `connect`, so importing this module stays light."""
+    from pybk.client.errors import NoSuchLedgerError
+    from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedgerError
+    return isinstance(exc, (NoSuchLedgerError, MetaNoSuchLedgerError))

@@ -1,0 +1,125 @@
+"""Reading one partition (an entry range of one ledger) as Arrow record batches (executor side)."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import AsyncIterator, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from pybk.security.settings import ClientSecurity
+
+from .options import ReadOptions
+from .plan import EntryRange
+from .runtime import client, drive
+
+BASE_SCHEMA = "ledger_id long, entry_id long, payload binary"
+METADATA_SCHEMA = BASE_SCHEMA + ", ledger_metadata map<string,binary>"
+ARROW_BATCH_BYTES = 4 << 20   # payload bytes per Arrow batch (one sub-range read)
+MIN_SUB_RANGE = 64            # entries per sub-range while entry sizes are unknown
+MAX_SUB_RANGE = 4096
+PREFETCH = 8                  # sub-ranges of one partition read concurrently (measured: 1 -> 8 about 2-3x)
+
+
+class LedgerPartition(InputPartition):
+    """Entries [first, last] of one ledger."""
+
+    def __init__(self, ledger_id: int, first: int, last: int):
+        self.ledger_id = ledger_id
+        self.first = first
+        self.last = last
+
+    @classmethod
+    def of(cls, r: EntryRange) -> "LedgerPartition":
+        return cls(r.ledger_id, r.first, r.last)
+
+
+def _arrow_schema(include_metadata: bool) -> pa.Schema:
+    fields = [pa.field("ledger_id", pa.int64()), pa.field("entry_id", pa.int64()),
+              pa.field("payload", pa.binary())]
+    if include_metadata:
+        fields.append(pa.field("ledger_metadata", pa.map_(pa.string(), pa.binary())))
+    return pa.schema(fields)
+
+
+def _batch(schema: pa.Schema, ledger_id: int, ids: list[int], payloads: list[bytes],
+           metadata: list[tuple[str, bytes]] | None) -> pa.RecordBatch:
+    n = len(ids)
+    cols = [pa.array([ledger_id] * n, pa.int64()), pa.array(ids, pa.int64()),
+            pa.array(payloads, pa.binary())]
+    if metadata is not None:
+        cols.append(pa.array([metadata] * n, pa.map_(pa.string(), pa.binary())))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def sub_range_entries(avg_entry_bytes: float | None) -> int:
+    """Entries per sub-range read (one Arrow batch): about ARROW_BATCH_BYTES of payload, few
+    entries while the entry size is still unknown."""
+    if not avg_entry_bytes:
+        return MIN_SUB_RANGE
+    return max(MIN_SUB_RANGE, min(MAX_SUB_RANGE, int(ARROW_BATCH_BYTES // max(avg_entry_bytes, 1.0))))
+
+
+async def _read_batches(uri: str, security: ClientSecurity | None, password: bytes, part: LedgerPartition,
+                        include_metadata: bool) -> AsyncIterator[pa.RecordBatch]:
+    """One partition's entries as Arrow record batches, in entry order.
+
+    The partition is read as consecutive sub-ranges, PREFETCH of them in flight at once (each
+    streams from a different bookie where replicas allow), so a task is not bound by one
+    bookie's round trips; batches are still yielded strictly in entry order.
+    """
+    schema = _arrow_schema(include_metadata)
+    bk = await client(uri, security)
+    handle = await bk.open_ledger(part.ledger_id, password=password, recovery=False)
+    md = handle.metadata
+    metadata = None
+    if include_metadata:
+        custom = getattr(md, "custom", None) or {}
+        metadata = sorted((str(k), bytes(v)) for k, v in custom.items())
+    closed = md.is_closed
+    avg = md.length / (md.last_entry_id + 1) if closed and md.last_entry_id >= 0 and md.length else None
+
+    async def fetch(first: int, last: int) -> pa.RecordBatch:
+        ids: list[int] = []
+        payloads: list[bytes] = []
+        async for entry in handle.read_entries(first, last):
+            ids.append(entry.entry_id)
+            payloads.append(entry.data)
+        return _batch(schema, part.ledger_id, ids, payloads, metadata)
+
+    # striped ledgers (E > Qw) already stream from all E bookies at once for each sub-range:
+    # more sub-ranges in flight measured no faster there (256 MiB E3/Qw2: 94.5 vs 90.0 MB/s)
+    prefetch = PREFETCH if md.ensemble_size == md.write_quorum else 1
+    next_first = part.first
+    pending: deque[asyncio.Task] = deque()
+
+    def launch() -> None:
+        nonlocal next_first
+        while len(pending) < prefetch and next_first <= part.last:
+            last = min(part.last, next_first + sub_range_entries(avg) - 1)
+            pending.append(asyncio.ensure_future(fetch(next_first, last)))
+            next_first = last + 1
+
+    try:
+        launch()
+        while pending:
+            batch = await pending.popleft()
+            if batch.num_rows:
+                avg = batch.column(2).nbytes / batch.num_rows
+            launch()
+            yield batch
+    finally:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def read_partition(opts: ReadOptions, part: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Synchronous iterator of one partition's record batches (what Spark's read() returns).
+
+    Spark replaces an empty plan by one InputPartition(None): that reads nothing."""
+    if not isinstance(part, LedgerPartition):
+        return iter(())
+    return drive(lambda: _read_batches(opts.metadata_uri, opts.security, opts.password, part,
+                                        opts.include_metadata))
