@@ -207,6 +207,10 @@ class ReadOptions:
     starting_position: StartingPosition = StartingPosition.EARLIEST
     security: ClientSecurity | None = None
 
+    def password_for(self, ledger_id: int) -> bytes:
+        """The password to open this ledger with."""
+        return self.password
+
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
         opts = _lower(options)

@@ -13,9 +13,8 @@ from pybk.security.settings import ClientSecurity
 from .options import ReadOptions
 from .plan import EntryRange
 from .runtime import client, drive
+from .schema import LedgerColumns
 
-BASE_SCHEMA = "ledger_id long, entry_id long, payload binary"
-METADATA_SCHEMA = BASE_SCHEMA + ", ledger_metadata map<string,binary>"
 ARROW_BATCH_BYTES = 4 << 20   # payload bytes per Arrow batch (one sub-range read)
 MIN_SUB_RANGE = 64            # entries per sub-range while entry sizes are unknown
 MAX_SUB_RANGE = 4096
@@ -35,24 +34,6 @@ class LedgerPartition(InputPartition):
         return cls(r.ledger_id, r.first, r.last)
 
 
-def _arrow_schema(include_metadata: bool) -> pa.Schema:
-    fields = [pa.field("ledger_id", pa.int64()), pa.field("entry_id", pa.int64()),
-              pa.field("payload", pa.binary())]
-    if include_metadata:
-        fields.append(pa.field("ledger_metadata", pa.map_(pa.string(), pa.binary())))
-    return pa.schema(fields)
-
-
-def _batch(schema: pa.Schema, ledger_id: int, ids: list[int], payloads: list[bytes],
-           metadata: list[tuple[str, bytes]] | None) -> pa.RecordBatch:
-    n = len(ids)
-    cols = [pa.array([ledger_id] * n, pa.int64()), pa.array(ids, pa.int64()),
-            pa.array(payloads, pa.binary())]
-    if metadata is not None:
-        cols.append(pa.array([metadata] * n, pa.map_(pa.string(), pa.binary())))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
 def sub_range_entries(avg_entry_bytes: float | None) -> int:
     """Entries per sub-range read (one Arrow batch): about ARROW_BATCH_BYTES of payload, few
     entries while the entry size is still unknown."""
@@ -69,14 +50,10 @@ async def _read_batches(uri: str, security: ClientSecurity | None, password: byt
     streams from a different bookie where replicas allow), so a task is not bound by one
     bookie's round trips; batches are still yielded strictly in entry order.
     """
-    schema = _arrow_schema(include_metadata)
     bk = await client(uri, security)
     handle = await bk.open_ledger(part.ledger_id, password=password, recovery=False)
     md = handle.metadata
-    metadata = None
-    if include_metadata:
-        custom = getattr(md, "custom", None) or {}
-        metadata = sorted((str(k), bytes(v)) for k, v in custom.items())
+    columns = LedgerColumns(md, include_metadata)
     closed = md.is_closed
     avg = md.length / (md.last_entry_id + 1) if closed and md.last_entry_id >= 0 and md.length else None
 
@@ -86,7 +63,7 @@ async def _read_batches(uri: str, security: ClientSecurity | None, password: byt
         async for entry in handle.read_entries(first, last):
             ids.append(entry.entry_id)
             payloads.append(entry.data)
-        return _batch(schema, part.ledger_id, ids, payloads, metadata)
+        return columns.batch(ids, payloads)
 
     # striped ledgers (E > Qw) already stream from all E bookies at once for each sub-range:
     # more sub-ranges in flight measured no faster there (256 MiB E3/Qw2: 94.5 vs 90.0 MB/s)
@@ -121,5 +98,5 @@ def read_partition(opts: ReadOptions, part: InputPartition) -> Iterator[pa.Recor
     Spark replaces an empty plan by one InputPartition(None): that reads nothing."""
     if not isinstance(part, LedgerPartition):
         return iter(())
-    return drive(lambda: _read_batches(opts.metadata_uri, opts.security, opts.password, part,
+    return drive(lambda: _read_batches(opts.metadata_uri, opts.security, opts.password_for(part.ledger_id), part,
                                         opts.include_metadata))

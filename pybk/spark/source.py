@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 from .options import OptionError, ReadOptions, WriteOptions
 from .reader import LedgerBatchReader, LedgerStreamReader
 from .runtime import with_credentials
-from .scan import BASE_SCHEMA, METADATA_SCHEMA
+from .schema import spark_schema
 from .writer import LedgerWriter, payload_column
 
 
@@ -29,7 +29,7 @@ class LedgerDataSource(DataSource):
 
     def schema(self) -> str:
         opts = ReadOptions.parse(self.options)
-        return METADATA_SCHEMA if opts.include_metadata else BASE_SCHEMA
+        return spark_schema(opts.include_metadata)
 
     def reader(self, schema: StructType) -> "LedgerBatchReader":
         return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
