@@ -19,6 +19,7 @@ class MetadataStore:
     def __init__(self, uri: uri_mod.MetadataUri, id_block: int = 1000):
         from .decommission import Decommissions
         from .election import Elections
+        from .jobs import Jobs
         from .locks import Locks
         from .underreplication import UnderReplication
 
@@ -34,6 +35,7 @@ class MetadataStore:
         self.locks = Locks(self.etcd, self.prefix + b"locks/", self.session)
         self.election = Elections(self.etcd, self.prefix, self.session)
         self.decommission = Decommissions(self.etcd, self.prefix)
+        self.jobs = Jobs(self.etcd, self.prefix)
 
     @classmethod
     async def connect(cls, uri: str | uri_mod.MetadataUri, *, check: bool = True, id_block: int = 1000,

@@ -53,10 +53,6 @@ WRITE_OPTIONS = {
     **SECURITY_OPTIONS,
 }
 
-JOB_KEY = "pybk.spark.job"
-PARTITION_KEY = "pybk.spark.partition"
-
-
 class OptionError(ValueError):
     """An option of the pybk data source is missing or malformed."""
 

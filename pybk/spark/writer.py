@@ -12,7 +12,8 @@ from pyspark.sql.types import StructType
 
 from pybk.security.settings import ClientSecurity
 
-from .options import JOB_KEY, PARTITION_KEY, OptionError, WriteOptions
+from .commit import JOB_KEY, PARTITION_KEY
+from .options import OptionError, WriteOptions
 from .runtime import client, connect, is_no_such_ledger, run
 
 log = logging.getLogger("pybk.spark")

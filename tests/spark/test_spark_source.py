@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from pybk.client import BookKeeper
-from pybk.spark.options import JOB_KEY
+from pybk.spark.commit import JOB_KEY
 from pybk.spark.session import activate
 
 PW = b"spark-pw"
@@ -242,7 +242,7 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
 
 
 async def test_commit_deletes_ledgers_of_task_attempts_that_did_not_commit(spark, cluster):
-    from pybk.spark.options import PARTITION_KEY
+    from pybk.spark.commit import PARTITION_KEY
     from pybk.spark.writer import job_ledgers
     uri, bk, _ = cluster
     # what a task attempt killed mid-write leaves behind: an OPEN ledger tagged with the job
