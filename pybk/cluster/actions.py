@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pybk.meta.cluster import LedgerDefaults
+
 
 @dataclass(frozen=True)
 class EnsureResources:
@@ -63,6 +65,13 @@ class RestartBookie:
 
 
 @dataclass(frozen=True)
+class StoreLedgerDefaults:
+    """Store the spec's ledger defaults with the cluster in etcd (the cluster record), where
+    clients (Spark writes, `BookKeeper.create_ledger` without an ensemble) find them."""
+    defaults: LedgerDefaults
+
+
+@dataclass(frozen=True)
 class SetCondition:
     """Status condition to publish; observedGeneration is added by status.py."""
     type: str
@@ -72,6 +81,7 @@ class SetCondition:
 
 
 Action = (EnsureResources | ScaleStatefulSet | StartDecommission | CancelDecommission
-          | WaitDecommission | ClearDecommission | DeletePVCs | RestartBookie | SetCondition)
+          | WaitDecommission | ClearDecommission | DeletePVCs | RestartBookie | StoreLedgerDefaults
+          | SetCondition)
 
 CONDITION_TYPES = ("Ready", "Progressing", "Decommissioning", "Degraded")

@@ -10,13 +10,14 @@ Safety rules (docs/kubernetes.md):
 - never below the largest ensemble of any open ledger (refused with a condition);
 - config/image changes restart one bookie at a time, and only while every bookie is serving
   and nothing is under-replicated;
-- without etcd (metadata unknown) nothing is drained or restarted.
+- without etcd (metadata unknown) nothing is drained or restarted;
+- the spec's ledger defaults are stored with the cluster in etcd whenever they differ.
 """
 from __future__ import annotations
 
 from .actions import (Action, CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                       RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
-                      WaitDecommission)
+                      StoreLedgerDefaults, WaitDecommission)
 from .observed import DecommissionPhase, Observed, Registration
 from .spec import BookieClusterSpec
 
@@ -67,6 +68,9 @@ def plan(spec: BookieClusterSpec, observed: Observed) -> list[Action]:
     if observed.resources_hash != spec.resources_hash():
         actions.append(EnsureResources(spec.replicas))
         progressing = (UPDATING_RESOURCES, "applying the changed spec")
+
+    if meta is not None and meta.ledger_defaults != spec.ledger_defaults:
+        actions.append(StoreLedgerDefaults(spec.ledger_defaults))
 
     # Drained bookies left over from an undone scale-down are put back.
     for o, b in sorted(observed.bookies.items()):

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from pybk.meta.cluster import LedgerDefaults
 from pybk.meta.decommission import DONE, FAILED, Decommission
 
 from .observed import BookieObservation, DecommissionPhase, MetadataObservation, Registration
@@ -84,6 +85,7 @@ async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = Fal
     """
     registered = await store.registry.all()
     under_replicated = await store.underreplication.count()
+    ledger_defaults = await store.cluster.ledger_defaults()
     drains = await store.decommission.list()
     watch = set(check_in_use)
     ensemble, used = await scan_ledgers(store, watch) if (need_ensemble or watch) else (0, set())
@@ -94,7 +96,8 @@ async def observe(store, bookie_ids: Iterable[str], *, need_ensemble: bool = Fal
         phase, left, msg = decommission_phase(drains.get(bid))
         bookies[bid] = BookieMetadata(reg, phase, left, msg, getattr(info, "http", None) or None,
                                       (bid in used) if bid in watch else None)
-    return MetadataObservation(under_replicated=under_replicated, max_open_ensemble=ensemble), bookies
+    return MetadataObservation(under_replicated=under_replicated, max_open_ensemble=ensemble,
+                               ledger_defaults=ledger_defaults), bookies
 
 
 async def drained_away(store, bookie_id: str) -> bool:
@@ -122,6 +125,11 @@ async def start_decommission(store, bookie_id: str, retry: bool = False) -> None
     except decommission.UnknownBookieError as e:
         rec = await store.decommission.request(bookie_id, message="nothing to drain: " + str(e))
         await store.decommission.update(rec, state=DONE, ledgers_total=0, ledgers_remaining=0)
+
+
+async def store_ledger_defaults(store, defaults: LedgerDefaults) -> None:
+    """Store the spec's ledger defaults in the cluster record (`StoreLedgerDefaults`)."""
+    await store.cluster.set_ledger_defaults(defaults)
 
 
 async def clear_decommission(store, bookie_id: str) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pybk.meta.cluster import LedgerDefaults
+
 
 class Registration(str, enum.Enum):
     """Where a bookie is in the etcd registry."""
@@ -54,6 +56,7 @@ class MetadataObservation:
     under_replicated: int = 0
     max_open_ensemble: int = 0          # largest ensemble of any OPEN / IN_RECOVERY ledger
     last_audit: str | None = None       # RFC 3339
+    ledger_defaults: LedgerDefaults | None = None  # stored in the cluster record (None: none yet)
 
 
 @dataclass(frozen=True)

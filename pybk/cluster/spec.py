@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pybk.meta.cluster import LedgerDefaults
+
 API_VERSION = "pybk.io/v1alpha1"
 KIND = "BookieCluster"
 GROUP = "pybk.io"
@@ -81,14 +83,6 @@ class ZoneSpreadingSpec:
     topology_key: str = "topology.kubernetes.io/zone"
     max_skew: int = 1
     when_unsatisfiable: str = "ScheduleAnyway"
-
-
-@dataclass(frozen=True)
-class LedgerDefaults:
-    """E / Qw / Qa that clients of this cluster use unless they ask otherwise."""
-    ensemble: int = 3
-    write_quorum: int = 3
-    ack_quorum: int = 2
 
 
 class IssuerKind(enum.Enum):

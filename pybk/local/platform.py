@@ -218,6 +218,8 @@ class LocalCluster:
             for ordinal in range(self.spec.replicas):
                 self.wait_bookie(ordinal, timeout)
             self.ensure_resources(timeout)
+            # one pass of the controller, as `pybk local apply` runs: e.g. the ledger defaults
+            asyncio.run(self._reconcile(timeout, 0.5, lambda: False, None))
         except BaseException:
             self.stop()
             raise
@@ -336,6 +338,10 @@ class LocalCluster:
             log.info("restarting %s with the new config", a.bookie_id)
             await asyncio.to_thread(self.stop_bookie, a.ordinal)
             await asyncio.to_thread(self.start_bookie, a.ordinal)
+        elif isinstance(a, act.StoreLedgerDefaults):
+            d = a.defaults
+            log.info("storing the ledger defaults E/Qw/Qa %d/%d/%d in etcd", d.ensemble, d.write_quorum, d.ack_quorum)
+            await meta_side.store_ledger_defaults(store, d)
 
     def info(self) -> dict[str, Any]:
         """The local.json document for what runs now."""

@@ -3,16 +3,45 @@
 The first bookie to start creates it under a create-if-absent transaction, so two bookies
 starting together agree on one instance id; cookies carry it, so a bookie pointed at another
 cluster's etcd refuses to start.
+
+The record also holds the cluster's `ledger_defaults` (E/Qw/Qa clients use unless they ask
+otherwise), written by whoever reconciles the cluster (the operator, `pybk local`) from the
+BookieCluster's `spec.ledgerDefaults`, by CAS so the instance id is never lost.
 """
 from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 
 from .errors import BadMetadataError
-from .etcd import Etcd, cmp_create, op_get, op_put
+from .etcd import Etcd, cmp_create, cmp_mod, op_get, op_put
 
 LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LedgerDefaults:
+    """E / Qw / Qa that clients of a cluster use unless they ask otherwise."""
+    ensemble: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+
+    def to_json(self) -> dict:
+        return {"ensemble": self.ensemble, "write_quorum": self.write_quorum, "ack_quorum": self.ack_quorum}
+
+    @classmethod
+    def from_json(cls, d: object) -> "LedgerDefaults | None":
+        """The defaults stored in a cluster record, or None when absent or malformed (then
+        clients keep their own defaults)."""
+        try:
+            ld = cls(int(d["ensemble"]), int(d["write_quorum"]), int(d["ack_quorum"]))  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            return None
+        return ld if ld.ensemble >= ld.write_quorum >= ld.ack_quorum >= 1 else None
+
+    def geometry(self) -> tuple[int, int, int]:
+        return self.ensemble, self.write_quorum, self.ack_quorum
 
 
 class Cluster:
@@ -48,3 +77,23 @@ class Cluster:
         if resp.succeeded:
             return json.loads(value)["instance_id"]
         return self._decode(resp.responses[0].response_range.kvs[0].value)["instance_id"]
+
+    async def ledger_defaults(self) -> LedgerDefaults | None:
+        """The cluster's stored ledger defaults (None: none stored, clients use their own)."""
+        record = await self.get()
+        return LedgerDefaults.from_json(record.get("ledger_defaults")) if record else None
+
+    async def set_ledger_defaults(self, defaults: LedgerDefaults) -> None:
+        """Store the ledger defaults in the cluster record (creating the record, with a new
+        instance id, if no bookie has yet), by CAS: the instance id and other fields are kept."""
+        while True:
+            kv = await self.etcd.get(self.key)
+            record = self._decode(kv.value) if kv else {"instance_id": str(uuid.uuid4()),
+                                                         "layout_version": LAYOUT_VERSION}
+            if LedgerDefaults.from_json(record.get("ledger_defaults")) == defaults:
+                return
+            value = json.dumps({**record, "ledger_defaults": defaults.to_json()}).encode()
+            guard = cmp_mod(self.key, kv.mod_revision) if kv else cmp_create(self.key, 0)
+            resp = await self.etcd.txn([guard], [op_put(self.key, value)], what="store ledger defaults")
+            if resp.succeeded:
+                return

@@ -20,6 +20,7 @@ from pybk import config
 from pybk.cluster import metadata as meta_side
 from pybk.cluster.actions import (CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                                   RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
+                                  StoreLedgerDefaults,
                                   WaitDecommission)
 from pybk.cluster.controller import plan
 from pybk.cluster.observed import DecommissionPhase, MetadataObservation, Observed
@@ -217,6 +218,8 @@ async def _execute(ctx: OperatorContext, spec: BookieClusterSpec, uri: str, body
             await meta_side.forget_bookie(store, render.bookie_id(spec, a.ordinal))
         elif isinstance(a, RestartBookie):
             await kube.delete("v1", "Pod", render.pod_name(spec, a.ordinal), ns)
+        elif isinstance(a, StoreLedgerDefaults):
+            await meta_side.store_ledger_defaults(store, a.defaults)
         elif isinstance(a, (WaitDecommission, SetCondition)):
             pass
 

@@ -43,12 +43,13 @@ READ_OPTIONS = {
 
 WRITE_OPTIONS = {
     "metadataserviceuri": READ_OPTIONS["metadataserviceuri"],
-    "ensemblesize": "bookies per ledger, E (default 3)",
-    "writequorum": "copies of each entry, Qw (default 2)",
-    "ackquorum": "acks before an entry counts as written, Qa (default 2)",
+    "ensemblesize": "bookies per ledger, E (default: the cluster's ledger defaults, else 3)",
+    "writequorum": "copies of each entry, Qw (default: the cluster's, else 2; at most E)",
+    "ackquorum": "acks before an entry counts as written, Qa (default: the cluster's, else 2; at most Qw)",
     "digesttype": "'crc32c' (default) or 'mac'",
     "password": READ_OPTIONS["password"],
-    "jobid": "id recorded in every written ledger's custom metadata (default: a new UUID)",
+    "jobid": "the write job's id: its record and every written ledger's custom metadata name it; "
+             "1-200 letters, digits, '.', '_', '-', used once (default: a new UUID)",
     "path": "ignored",
     **SECURITY_OPTIONS,
 }
@@ -238,30 +239,49 @@ class ReadOptions:
         )
 
 
+FALLBACK_GEOMETRY = (3, 2, 2)  # E/Qw/Qa of writes when neither the options nor the cluster say
+
+
 @dataclass(frozen=True)
 class WriteOptions:
-    """Options of df.write.format('pybk')."""
+    """Options of df.write.format('pybk'). E/Qw/Qa left None take the cluster's stored ledger
+    defaults (`geometry`), resolved once on the driver."""
 
     metadata_uri: str
-    ensemble_size: int = 3
-    write_quorum: int = 2
-    ack_quorum: int = 2
+    ensemble_size: int | None = None
+    write_quorum: int | None = None
+    ack_quorum: int | None = None
     digest_type: DigestType = DigestType.CRC32C
     password: bytes = b""
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     security: ClientSecurity | None = None
 
+    def geometry(self, defaults: tuple[int, int, int] | None) -> tuple[int, int, int]:
+        """(E, Qw, Qa) of the ledgers to write: the options, the rest from `defaults` (the
+        cluster's; None: FALLBACK_GEOMETRY), quorums capped by what the options set above them."""
+        e0, qw0, qa0 = defaults or FALLBACK_GEOMETRY
+        e = self.ensemble_size or e0
+        qw = self.write_quorum or min(qw0, e)
+        qa = self.ack_quorum or min(qa0, qw)
+        if not e >= qw >= qa >= 1:
+            raise OptionError(f"need ensembleSize >= writeQuorum >= ackQuorum >= 1, got E={e} Qw={qw} Qa={qa}"
+                              + ("" if defaults is None else f" (cluster ledger defaults {e0}/{qw0}/{qa0})"))
+        return e, qw, qa
+
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
+        from pybk.meta.errors import BadMetadataError
+        from pybk.meta.jobs import check_job_id
         opts = _lower(options)
         _check_known(opts, WRITE_OPTIONS, "writing format('pybk')")
         uri = _check_uri(opts)
-        e = parse_int("ensembleSize", opts.get("ensemblesize"), 3, 1)
-        qw = parse_int("writeQuorum", opts.get("writequorum"), min(2, e), 1)
-        qa = parse_int("ackQuorum", opts.get("ackquorum"), min(2, qw), 1)
-        if not e >= qw >= qa:
-            raise OptionError(f"need ensembleSize >= writeQuorum >= ackQuorum >= 1, got "
-                              f"E={e} Qw={qw} Qa={qa}")
+        e = parse_int("ensembleSize", opts.get("ensemblesize"), None, 1)
+        qw = parse_int("writeQuorum", opts.get("writequorum"), None, 1)
+        qa = parse_int("ackQuorum", opts.get("ackquorum"), None, 1)
+        given = [v for v in (e, qw, qa) if v is not None]
+        if given != sorted(given, reverse=True):  # contradictory options fail now, whatever the cluster's defaults
+            raise OptionError("need ensembleSize >= writeQuorum >= ackQuorum >= 1, got "
+                              f"E={e or '-'} Qw={qw or '-'} Qa={qa or '-'}")
         digest_name = str(opts.get("digesttype", "crc32c")).strip().upper()
         try:
             digest = DigestType[digest_name]
@@ -269,6 +289,10 @@ class WriteOptions:
             raise OptionError(f"option digestType: {digest_name.lower()!r} must be one of "
                               + ", ".join(d.name.lower() for d in DigestType)) from None
         job_id = str(opts.get("jobid") or uuid.uuid4().hex)
+        try:
+            check_job_id(job_id)
+        except BadMetadataError as exc:
+            raise OptionError(f"option jobId: {exc}") from None
         return cls(metadata_uri=uri, ensemble_size=e, write_quorum=qw, ack_quorum=qa,
                    digest_type=digest, password=str(opts.get("password", "")).encode("utf-8"),
                    job_id=job_id, security=parse_security(opts))

@@ -6,7 +6,7 @@ import dataclasses
 from pybk.cluster import controller as c
 from pybk.cluster.actions import (CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                                   RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
-                                  WaitDecommission)
+                                  StoreLedgerDefaults, WaitDecommission)
 from pybk.cluster.observed import (BookieObservation, DecommissionPhase as P, MetadataObservation,
                                    Observed, Registration)
 from pybk.cluster.spec import BookieClusterSpec
@@ -24,7 +24,7 @@ def bid(o: int) -> str:
 
 
 def observed(s: BookieClusterSpec, replicas: int, *, phases=None, gone=(), hashes=None, ready=None,
-             under=0, ensemble=3, meta=True, extra_volumes=()) -> Observed:
+             under=0, ensemble=3, meta=True, extra_volumes=(), defaults="spec") -> Observed:
     """A cluster of `replicas` healthy bookies running spec `s`, with the given differences."""
     phases, hashes = phases or {}, hashes or {}
     bookies = {}
@@ -40,7 +40,8 @@ def observed(s: BookieClusterSpec, replicas: int, *, phases=None, gone=(), hashe
             decommission_message="not enough bookies" if phases.get(o) is P.FAILED else "")
     return Observed(resources_exist=True, resources_hash=s.resources_hash(), replicas=replicas,
                     bookies=bookies,
-                    metadata=MetadataObservation(under_replicated=under, max_open_ensemble=ensemble)
+                    metadata=MetadataObservation(under_replicated=under, max_open_ensemble=ensemble,
+                                                 ledger_defaults=s.ledger_defaults if defaults == "spec" else defaults)
                     if meta else None)
 
 
@@ -57,6 +58,17 @@ def test_create_ensures_resources_and_reports_creating():
     actions = c.plan(s, Observed())
     assert steps(actions) == [EnsureResources(3)]
     assert cond(actions, "Progressing").reason == c.CREATING and not cond(actions, "Ready").status
+
+
+def test_ledger_defaults_missing_or_changed_in_etcd_are_stored_without_disturbing_the_bookies():
+    from pybk.meta.cluster import LedgerDefaults
+    s = spec(3, ledgerDefaults={"ensemble": 2, "writeQuorum": 2, "ackQuorum": 1})
+    for stored in (None, LedgerDefaults(3, 3, 2)):
+        actions = c.plan(s, observed(s, 3, defaults=stored))
+        assert steps(actions) == [StoreLedgerDefaults(LedgerDefaults(2, 2, 1))]
+        assert cond(actions, "Ready").status and not cond(actions, "Progressing").status
+    assert steps(c.plan(s, observed(s, 3))) == []
+    assert steps(c.plan(s, observed(s, 3, meta=False))) == []  # etcd unknown: nothing to store
 
 
 def test_steady_cluster_does_nothing_and_is_ready():

@@ -68,16 +68,21 @@ def test_bad_read_options_are_clear_errors(options, words):
 
 def test_write_options_defaults_and_checks():
     w = WriteOptions.parse({"metadataServiceUri": URI})
-    assert (w.ensemble_size, w.write_quorum, w.ack_quorum) == (3, 2, 2)
+    assert (w.ensemble_size, w.write_quorum, w.ack_quorum) == (None, None, None)
+    assert w.geometry(None) == (3, 2, 2) and w.geometry((2, 2, 1)) == (2, 2, 1)
     assert w.digest_type is DigestType.CRC32C and len(w.job_id) == 32
     w = WriteOptions.parse({"metadataServiceUri": URI, "ensembleSize": "1", "digestType": "mac",
                             "jobId": "j1"})
-    assert (w.ensemble_size, w.write_quorum, w.ack_quorum) == (1, 1, 1)
+    assert w.geometry(None) == (1, 1, 1) and w.geometry((5, 3, 2)) == (1, 1, 1)
     assert w.digest_type is DigestType.MAC and w.job_id == "j1"
     with pytest.raises(OptionError, match="ensembleSize >= writeQuorum"):
         WriteOptions.parse({"metadataServiceUri": URI, "ensembleSize": "2", "writeQuorum": "3"})
     with pytest.raises(OptionError, match="digestType"):
         WriteOptions.parse({"metadataServiceUri": URI, "digestType": "md5"})
+    with pytest.raises(OptionError, match="option jobId: bad job id 'a/b'"):
+        WriteOptions.parse({"metadataServiceUri": URI, "jobId": "a/b"})
+    with pytest.raises(OptionError, match=r"E=3 Qw=2 Qa=3 \(cluster ledger defaults 3/2/2\)"):
+        WriteOptions.parse({"metadataServiceUri": URI, "ackQuorum": "3"}).geometry((3, 2, 2))
 
 
 def test_security_options_are_file_names_shipped_with_the_plan():
