@@ -4,6 +4,8 @@
     register(spark)
     spark.read.format("pybk").option("metadataServiceUri", uri).option("ledgers", "1,2,5-9").load()
 
+    pybk.spark.written_ledgers(uri, job_id)   # {partition: ledger id} a write job committed
+
 Importing this package does not import pyspark; `register` does.
 """
 from __future__ import annotations
@@ -23,4 +25,30 @@ def register(spark) -> None:
     spark.dataSource.register(LedgerDataSource)
 
 
-__all__ = ["register"]
+def written_ledgers(uri: str, job_id: str) -> dict[int, int]:
+    """{partition: ledger id} of what the write job `job_id` wrote to the cluster at uri: its
+    committed ledgers (none if it aborted; every ledger tagged with it while undecided, or once
+    its record was removed after the retention). Plain synchronous Python: callable from a
+    driver program, a notebook (even one with a running event loop) or a script."""
+    import asyncio
+    import concurrent.futures
+
+    from pybk.meta import MetadataStore
+    from pybk.meta.jobs import check_job_id
+
+    from . import gc
+
+    check_job_id(job_id)
+
+    async def ask() -> dict[int, int]:
+        async with await MetadataStore.connect(uri) as store:
+            return await gc.written(store, job_id)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(ask())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop runs here: use another thread's
+        return pool.submit(asyncio.run, ask()).result()
+
+
+__all__ = ["register", "written_ledgers"]

@@ -38,6 +38,36 @@ async def _readable_all(bk: Any, ids: Sequence[int], password: bytes) -> list[tu
     return list(await asyncio.gather(*(one(i) for i in ids)))
 
 
+async def hide_pending(bk: Any, ids: Sequence[int], named: bool) -> list[int]:
+    """ids without the ledgers readers may not see yet: those a write job created and has not
+    committed (`commit.visible`; each job's record fetched once). A named ledger that is pending
+    is an error naming it and its job. Ids that do not exist pass through (the caller reports them)."""
+    from pybk.meta.errors import NoSuchLedgerError
+
+    from . import commit
+    gate, records = asyncio.Semaphore(PLAN_CONCURRENCY), {}
+
+    async def shown(lid: int) -> bool:
+        async with gate:
+            try:
+                custom = (await bk.store.ledgers.get(lid)).custom
+            except NoSuchLedgerError:
+                return True
+            if not commit.needs_record(custom):
+                return True
+            job = commit.job_of(custom)
+            if job not in records:
+                records[job] = asyncio.ensure_future(bk.store.jobs.get(job))
+            if commit.visible(lid, custom, await records[job]):
+                return True
+            if named:
+                raise OptionError(f"option ledgers: ledger {lid} is not committed: write job {job} "
+                                  "has not committed it (still running, failed, or aborted)")
+            return False
+    keep = await asyncio.gather(*(shown(i) for i in ids))
+    return [i for i, k in zip(ids, keep) if k]
+
+
 async def _ledger_ids(bk: Any, opts: ReadOptions, bounds: Bounds) -> tuple[list[int], bool]:
     """Ledger ids to consider, and whether they were named explicitly (so must exist)."""
     named = candidate_ledgers(opts.ledgers, bounds)
@@ -58,7 +88,7 @@ async def discover(opts: ReadOptions, bounds: Bounds, strict: bool,
     bk = await client(opts.metadata_uri, opts.security)
     ids, named = await _ledger_ids(bk, opts, bounds)
     known = closed if closed is not None else {}
-    ask = [i for i in ids if i not in known]
+    ask = await hide_pending(bk, [i for i in ids if i not in known], named)
     found = await _readable_all(bk, ask, opts.password)
     missing = [i for i, r in zip(ask, found) if r is None]
     if strict and named and missing:

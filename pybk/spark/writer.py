@@ -1,23 +1,34 @@
-"""The batch writer of the `pybk` data source: one new ledger per partition, tagged with the job."""
+"""The batch writer of the `pybk` data source: one new ledger per partition, committed all at once.
+
+The commit protocol is `pybk.spark.commit` (its docstring): every task's ledger is created
+pending (invisible to readers); the driver's commit decides the job record `committed` with the
+reported ledgers, which makes them visible together; abort decides it `aborted`. Whatever else
+is tagged with the job (attempts that lost, tasks that outlive an abort) is deleted by the driver,
+by the late attempt itself, or by the garbage collector (`pybk.spark.gc`).
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from pybk.security.settings import ClientSecurity
+from pybk.meta.jobs import JobOutcome, JobRecord
 
-from .commit import JOB_KEY, PARTITION_KEY
+from . import commit, gc
 from .options import OptionError, WriteOptions
-from .runtime import client, connect, is_no_such_ledger, run
+from .runtime import client, run
 
 log = logging.getLogger("pybk.spark")
 WRITE_WINDOW = 2048
+
+
+class JobAlreadyDecidedError(RuntimeError):
+    """The job's record was decided before this driver's commit: its ledgers are not committed."""
 
 
 def payload_column(schema: StructType) -> str:
@@ -49,9 +60,18 @@ def _partition_id() -> int:
         return -1
 
 
+def _password_delete(bk, password: bytes) -> gc.Delete:
+    """Delete a job ledger with the job's password (what any writer of the job may do)."""
+    async def delete(md) -> None:
+        await bk.delete_ledger(md.ledger_id, password)
+    return delete
+
+
 async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa.RecordBatch],
                            partition: int) -> LedgerWritten:
-    """Write one partition's payloads into a new ledger and close it; delete it on failure."""
+    """Write one partition's payloads into a new, pending ledger and close it; delete it on failure,
+    and also when the job was decided without it meanwhile (an attempt that outlived the abort or
+    lost to another attempt: `commit.late_attempt_keeps`)."""
     bk = await client(opts.metadata_uri, opts.security)
     handle = None
     written = 0
@@ -69,7 +89,7 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
                 handle = await bk.create_ledger(
                     ensemble=opts.ensemble_size, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, digest=opts.digest_type, password=opts.password,
-                    metadata={JOB_KEY: opts.job_id.encode(), PARTITION_KEY: str(partition).encode()})
+                    metadata=commit.pending_tags(opts.job_id, partition))
             for payload in values:
                 pending.append(handle.add_entry_async(payload))
                 if len(pending) >= WRITE_WINDOW:
@@ -82,94 +102,87 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
         if handle is None:
             return LedgerWritten(partition, None, 0)
         await handle.close()
+        record = await bk.store.jobs.get(opts.job_id)
+        if not commit.late_attempt_keeps(handle.ledger_id, record):
+            log.warning("pybk write job %s was %s without ledger %d of partition %d: deleting it",
+                        opts.job_id, record.outcome.value, handle.ledger_id, partition)
+            await bk.delete_ledger(handle.ledger_id, opts.password)
+            return LedgerWritten(partition, None, 0)
         return LedgerWritten(partition, handle.ledger_id, written)
     except BaseException:
         if handle is not None:
-            await _delete_quietly(bk, [handle.ledger_id], opts.password)
+            await _delete_quietly(bk, handle.ledger_id, opts.password)
         raise
 
 
-async def _delete_quietly(bk: Any, ledger_ids: Sequence[int], password: bytes) -> list[int]:
-    """Delete the job's ledgers (with the job's password); those already gone are skipped."""
-    deleted = []
-    for lid in ledger_ids:
-        try:
-            await bk.delete_ledger(lid, password)
-            deleted.append(lid)
-        except Exception as exc:
-            if not is_no_such_ledger(exc):
-                log.warning("pybk write abort: could not delete ledger %d: %s", lid, exc)
-    return deleted
-
-
-async def job_ledgers(uri: str, job_id: str, security: ClientSecurity | None = None) -> dict[int, int]:
-    """{partition: ledger_id} of the ledgers a write job with this id created (after its commit
-    or abort, one per partition that wrote anything)."""
-    return {partition: lid for lid, partition in sorted((await _tagged(uri, job_id, security)).items())}
-
-
-async def _tagged(uri: str, job_id: str, security: ClientSecurity | None = None) -> dict[int, int]:
-    """{ledger_id: partition} of every ledger tagged with the job id, from every task attempt."""
-    bk = await connect(uri, security)  # its own client: also called from callers' event loops
+async def _delete_quietly(bk, ledger_id: int, password: bytes) -> None:
+    """Delete a failed attempt's ledger; failing that, the garbage collector will (it is pending)."""
     try:
-        out: dict[int, int] = {}
-        async for lid in bk.list_ledgers():
-            try:
-                md = await bk.ledger_metadata(lid)
-            except Exception as exc:
-                if is_no_such_ledger(exc):
-                    continue
-                raise
-            custom = getattr(md, "custom", None) or {}
-            if custom.get(JOB_KEY) == job_id.encode():
-                out[lid] = int(custom.get(PARTITION_KEY, b"-1"))
-        return out
-    finally:
-        await bk.close()
+        await bk.delete_ledger(ledger_id, password)
+    except Exception as exc:
+        log.warning("pybk write: could not delete ledger %d of a failed task: %s", ledger_id, exc)
 
 
-async def _abort(opts: WriteOptions, ledger_ids: Sequence[int]) -> list[int]:
-    """Delete what a failed job wrote: the ledgers reported, then any others tagged with its id
-    (a task killed before it could report or clean up)."""
-    leftovers = await _tagged(opts.metadata_uri, opts.job_id, opts.security)
+async def _resolve(opts: WriteOptions) -> WriteOptions:
+    """Driver side, once: the job id must be new, and E/Qw/Qa not given come from the cluster's
+    stored ledger defaults (else `options.FALLBACK_GEOMETRY`)."""
     bk = await client(opts.metadata_uri, opts.security)
-    return await _delete_quietly(bk, sorted(set(ledger_ids) | set(leftovers)), opts.password)
+    record = await bk.store.jobs.get(opts.job_id)
+    if record is not None:
+        raise OptionError(f"option jobId: job {opts.job_id} was already {record.outcome.value}; "
+                          "a job id is used once: give a new jobId (or none for a new UUID)")
+    stored = await bk.store.cluster.ledger_defaults()
+    e, qw, qa = opts.geometry(stored.geometry() if stored else None)
+    return replace(opts, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
 
 
-async def _drop_uncommitted(opts: WriteOptions, committed: Sequence[int]) -> list[int]:
-    """After a commit: delete the job's ledgers that are not in it, written by task attempts
-    that were killed or lost to a retry (Spark keeps only one attempt's output per partition)."""
-    strays = set(await _tagged(opts.metadata_uri, opts.job_id, opts.security)) - set(committed)
-    if not strays:
-        return []
+async def _decide(opts: WriteOptions, record: JobRecord, seen: list[int]) -> tuple[JobRecord, list[int]]:
+    """Decide the job (create-once), then settle its ledgers by the record that stands; returns
+    it and the ledgers deleted. Settling is a clean-up: if it fails, the outcome stands and the
+    garbage collector finishes it (warned)."""
     bk = await client(opts.metadata_uri, opts.security)
-    return await _delete_quietly(bk, sorted(strays), opts.password)
+    stored = await bk.store.jobs.decide(record)
+    try:
+        _, deleted = await gc.settle(bk.store, stored, _password_delete(bk, opts.password), seen)
+    except Exception as exc:
+        log.warning("pybk write job %s is %s, but settling its ledgers failed (the garbage collector, "
+                    "`pybk shell gc-jobs`, finishes it): %s", opts.job_id, stored.outcome.value, exc)
+        deleted = []
+    return stored, deleted
 
 
 class LedgerWriter(DataSourceArrowWriter):
-    """Each partition's payloads go into one new ledger, tagged with the job id; commit logs the
-    ledgers and deletes any other ledger tagged with the job (from attempts that did not commit),
-    abort deletes them all."""
+    """Each partition's payloads go into one new pending ledger tagged with the job id; commit
+    decides the job committed with the reported ledgers (visible from then on) and deletes the
+    job's other ledgers; abort decides it aborted and deletes them all."""
 
     def __init__(self, opts: WriteOptions, column: str):
-        self.opts = opts
+        self.opts = run(_resolve(opts))
         self.column = column
-        run(client(opts.metadata_uri, opts.security))
+        log.info("pybk write job %s starting (E/Qw/Qa %d/%d/%d) on %s", self.opts.job_id,
+                 self.opts.ensemble_size, self.opts.write_quorum, self.opts.ack_quorum, self.opts.metadata_uri)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerWritten:
         return run(_write_partition(self.opts, self.column, iterator, _partition_id()))
 
     def commit(self, messages: list[LedgerWritten | None]) -> None:
         ledgers = {m.partition: m.ledger_id for m in messages if m is not None and m.ledger_id is not None}
-        log.warning("pybk write job %s committed %d ledger(s): %s", self.opts.job_id, len(ledgers),
-                    ", ".join(str(lid) for _, lid in sorted(ledgers.items())))
-        dropped = run(_drop_uncommitted(self.opts, list(ledgers.values())))
-        if dropped:
-            log.warning("pybk write job %s: deleted ledger(s) of task attempts that did not commit: %s",
-                        self.opts.job_id, ", ".join(map(str, dropped)))
+        want = JobRecord(self.opts.job_id, JobOutcome.COMMITTED, frozenset(ledgers.values()))
+        stored, deleted = run(_decide(self.opts, want, list(ledgers.values())))
+        if stored.outcome is not JobOutcome.COMMITTED or stored.ledgers != want.ledgers:
+            raise JobAlreadyDecidedError(
+                f"pybk write job {self.opts.job_id} was already {stored.outcome.value} (by `pybk shell gc-jobs` or "
+                f"autorecovery after the grace period, or by an earlier job with this jobId): "
+                f"its {len(ledgers)} ledger(s) are not committed")
+        log.info("pybk write job %s committed %d ledger(s): %s", self.opts.job_id, len(ledgers),
+                 ", ".join(str(lid) for _, lid in sorted(ledgers.items())) or "none")
+        if deleted:
+            log.info("pybk write job %s: deleted ledger(s) of task attempts that did not commit: %s",
+                     self.opts.job_id, ", ".join(map(str, deleted)))
 
     def abort(self, messages: list[LedgerWritten | None]) -> None:
         ids = [m.ledger_id for m in messages if m is not None and m.ledger_id is not None]
-        deleted = run(_abort(self.opts, ids))
-        log.warning("pybk write job %s aborted; deleted ledger(s): %s", self.opts.job_id,
+        stored, deleted = run(_decide(self.opts, JobRecord(self.opts.job_id, JobOutcome.ABORTED), ids))
+        log.warning("pybk write job %s aborted%s; deleted ledger(s): %s", self.opts.job_id,
+                    "" if stored.outcome is JobOutcome.ABORTED else f" (its record says {stored.outcome.value})",
                     ", ".join(map(str, deleted)) or "none")

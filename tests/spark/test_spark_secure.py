@@ -32,7 +32,7 @@ def secured(tmp_path_factory):
 
 async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, secured):
     from pybk.client import BookKeeper
-    from pybk.spark.writer import job_ledgers
+    from pybk.spark import written_ledgers
     cluster = read_client(secured)
     credentials = cluster.security.as_mapping()
     rows = [(f"row-{i}".encode(),) for i in range(40)]
@@ -43,7 +43,7 @@ async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, 
         (df.write.format("pybk").mode("append").option("metadataServiceUri", cluster.metadata_uri)
          .options(**credentials).option("password", PW).option("ensembleSize", 3)
          .option("jobId", "secure-job").save())
-        ledgers = asyncio.run(job_ledgers(cluster.metadata_uri, "secure-job", cluster.security))
+        ledgers = written_ledgers(cluster.metadata_uri, "secure-job")
         read = (spark.read.format("pybk").option("metadataServiceUri", cluster.metadata_uri)
                 .options(**credentials).option("password", PW)
                 .option("ledgers", ",".join(map(str, ledgers.values()))).load())

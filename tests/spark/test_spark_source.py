@@ -209,8 +209,8 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
         w.save()
 
     await in_thread(spark, save, df, "job-ok")
-    from pybk.spark.writer import job_ledgers
-    written = await job_ledgers(uri, "job-ok")
+    from pybk.spark import written_ledgers
+    written = written_ledgers(uri, "job-ok")
     assert sorted(written) == [0, 1, 2]
     for lid in written.values():
         md = await bk.ledger_metadata(lid)
@@ -231,7 +231,7 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
     failing = spark.range(0, 300, numPartitions=3).select(F.udf(boom, BinaryType())("id").alias("payload"))
     with pytest.raises(Exception, match="injected failure"):
         await in_thread(spark, save, failing, "job-bad")
-    assert await job_ledgers(uri, "job-bad") == {}
+    assert written_ledgers(uri, "job-bad") == {}
     assert sorted([lid async for lid in bk.list_ledgers()]) == sorted(written.values())
     with pytest.raises(Exception, match="append-only"):
         await in_thread(spark, lambda: df.write.format("pybk").mode("overwrite")
@@ -242,16 +242,16 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
 
 
 async def test_commit_deletes_ledgers_of_task_attempts_that_did_not_commit(spark, cluster):
-    from pybk.spark.commit import PARTITION_KEY
-    from pybk.spark.writer import job_ledgers
+    from pybk.spark import written_ledgers
+    from pybk.spark.commit import pending_tags
     uri, bk, _ = cluster
-    # what a task attempt killed mid-write leaves behind: an OPEN ledger tagged with the job
-    stray = await write_ledger(bk, 5, close=False, **{JOB_KEY: b"job-retried", PARTITION_KEY: b"1"})
+    # what a task attempt killed mid-write leaves behind: an OPEN pending ledger tagged with the job
+    stray = await write_ledger(bk, 5, close=False, **pending_tags("job-retried", 1))
     data = [payload(0, i) for i in range(60)]
     df = spark.createDataFrame([(p,) for p in data], "payload binary").repartition(2)
     await in_thread(spark, lambda: df.write.format("pybk").mode("append").option("metadataServiceUri", uri)
                     .option("password", PW.decode()).option("jobId", "job-retried").save())
-    written = await job_ledgers(uri, "job-retried")
+    written = written_ledgers(uri, "job-retried")
     assert sorted(written) == [0, 1] and stray.ledger_id not in written.values()
     assert sorted([lid async for lid in bk.list_ledgers()]) == sorted(written.values())
     back = source(spark, uri, ",".join(map(str, written.values())))

@@ -1,0 +1,116 @@
+"""Batch writes through `df.write.format("pybk")` against a real cluster (etcd + 3 bookies) and
+local[2] Spark: all-or-nothing commits, tasks that outlive an abort, the cluster's ledger
+defaults, and the save modes pybk refuses."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import pytest
+from polling import eventually
+
+from pybk.client import BookKeeper
+from pybk.meta import MetadataStore
+from pybk.meta.jobs import JobOutcome
+from pybk.spark import gc, written_ledgers
+from pybk.spark.commit import WriteState, state_of
+from pybk.spark.session import activate
+
+PW = "write-pw"
+
+
+@pytest.fixture
+async def cluster(bookies, metadata_uri):
+    procs = bookies(3)
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        yield metadata_uri, store, procs
+    finally:
+        await store.close()
+
+
+async def in_thread(spark, fn, *args):
+    def call():
+        activate(spark)
+        return fn(*args)
+    return await asyncio.to_thread(call)
+
+
+def writer(frame, uri: str, job: str, **options):
+    w = (frame.write.format("pybk").mode("append").option("metadataServiceUri", uri)
+         .option("password", PW).option("jobId", job))
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    return w
+
+
+def read_all(spark, uri: str) -> list[bytes]:
+    activate(spark)
+    df = (spark.read.format("pybk").option("metadataServiceUri", uri).option("ledgers", "all")
+          .option("password", PW).load())
+    return sorted(bytes(r.payload) for r in df.collect())
+
+
+async def job_ledgers(store, job: str) -> dict[int, WriteState | None]:
+    return {md.ledger_id: state_of(md.custom) async for md in gc.tagged(store, job)}
+
+
+def tagged_now(uri: str, job: str) -> dict[int, WriteState | None]:
+    """job_ledgers from synchronous code that may run inside an event loop (a task's iterator)."""
+    async def ask():
+        async with await MetadataStore.connect(uri) as st:
+            return await job_ledgers(st, job)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, ask()).result()
+
+
+async def test_tasks_that_outlive_an_abort_leave_no_ledger_and_readers_never_see_their_rows(spark, cluster):
+    uri, store, _ = cluster
+
+    def fail_or_keep_writing(batches):  # self-contained: Spark's Python workers cannot import this module
+        import time as t
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+        if TaskContext.get().partitionId() == 0:
+            t.sleep(1.5)
+            raise ValueError("injected failure in partition 0")
+        rows = sum(b.num_rows for b in batches)
+        for i in range(20):  # partition 1 is still writing its ledger when the job fails and aborts
+            yield pa.RecordBatch.from_pylist([{"payload": b"late %d.%d" % (i, r)} for r in range(rows)])
+            t.sleep(0.5)
+
+    frame = spark.range(0, 200, numPartitions=2).mapInArrow(fail_or_keep_writing, "payload binary")
+    with pytest.raises(Exception, match="injected failure in partition 0"):
+        await in_thread(spark, writer(frame, uri, "job-late").save)
+    record = await store.jobs.get("job-late")
+    assert record is not None and record.outcome is JobOutcome.ABORTED and not record.ledgers
+
+    async def none_left():
+        left = await job_ledgers(store, "job-late")
+        if left:  # a ledger of the aborted job exists right now: readers must not see its rows
+            assert not [p for p in await in_thread(spark, read_all, spark, uri) if p.startswith(b"late")]
+        return not left
+    await eventually(none_left, timeout=90, interval=0.5, what="no ledger of the aborted job left")
+
+    # an attempt of the same job that starts writing only now, long after the abort: its ledger is
+    # pending (readers skip it) while it writes, and it deletes the ledger itself once closed
+    from pybk.spark.options import WriteOptions
+    from pybk.spark.runtime import run
+    from pybk.spark.writer import _write_partition
+    opts = WriteOptions.parse({"metadataServiceUri": uri, "password": PW, "jobId": "job-late",
+                               "ensembleSize": 3, "writeQuorum": 2, "ackQuorum": 2})
+    during: list = []
+
+    def batches():
+        import pyarrow as pa
+        for i in range(3):
+            yield pa.RecordBatch.from_pylist([{"payload": b"late %d" % i}] * 50)
+            if i == 1:
+                during.append((tagged_now(uri, "job-late"), read_all(spark, uri)))
+    result = await asyncio.to_thread(lambda: run(_write_partition(opts, "payload", batches(), 1)))
+    assert result.ledger_id is None and result.entries == 0
+    (pending, rows), = during
+    assert list(pending.values()) == [WriteState.PENDING] and rows == []
+    assert await job_ledgers(store, "job-late") == {}
+    assert written_ledgers(uri, "job-late") == {}
