@@ -212,6 +212,12 @@ RECOVERY_TUNING = (
            Number(int, 1), env="PYBK_RECOVERY_PARALLEL_RUNS"),
     Option("poll_interval", "seconds between looks at the registry and the markers", _RECOVERY.poll_interval,
            Number(float, 0), env="PYBK_RECOVERY_POLL_INTERVAL"),
+    Option("job_gc_interval", "seconds between passes of the write-job garbage collector on the elected auditor "
+           "(as `pybk shell gc-jobs`: deletes ledgers of Spark write jobs that aborted or never committed, "
+           "finishes interrupted commits); 0 disables", _RECOVERY.job_gc_interval, Number(float, 0)),
+    Option("job_gc_grace", "seconds after a write job's ledger was created before the garbage collector aborts the "
+           "job if it has not committed or aborted (a job running longer fails its commit)",
+           _RECOVERY.job_gc_grace, Number(float, 0)),
 )
 
 

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from pybk import entry
+from pybk.spark.commit import DEFAULT_GRACE_S
 
 
 @dataclasses.dataclass
@@ -20,6 +21,8 @@ class RecoveryOptions:
     parallel_runs: int = 4             # copy runs in flight per fragment
     parallel_ledgers: int = 4          # ledgers one worker replicates at once
     passwords: tuple[bytes, ...] = (b"",)  # ledger passwords autorecovery may use (matched by hash)
+    job_gc_interval: float = 600.0     # settle write jobs' leftovers (pybk.spark.gc) this often; 0 = off
+    job_gc_grace: float = DEFAULT_GRACE_S  # an undecided write job is aborted this long after its ledger's creation
 
     def password_for(self, password_hash: bytes) -> bytes | None:
         """The configured password whose hash the metadata stores, or None. Autorecovery copies
@@ -39,4 +42,5 @@ def from_config(cfg: Mapping[str, Any]) -> RecoveryOptions:
         lost_bookie_delay=cfg["lost_bookie_delay"], audit_interval=cfg["audit_interval"],
         open_ledger_grace=cfg["open_ledger_grace"], poll_interval=cfg["poll_interval"],
         batch_entries=cfg["replication_batch"], parallel_ledgers=cfg["parallel_ledgers"],
-        parallel_runs=cfg["parallel_runs"], passwords=tuple(dict.fromkeys(passwords)))
+        parallel_runs=cfg["parallel_runs"], passwords=tuple(dict.fromkeys(passwords)),
+        job_gc_interval=cfg["job_gc_interval"], job_gc_grace=cfg["job_gc_grace"])

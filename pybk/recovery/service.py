@@ -37,6 +37,7 @@ class AutoRecovery:
         self.auditor = Auditor(store, self.options, self.pool)
         self.worker = ReplicationWorker(store, metadata_uri, self.options, self.pool) if worker else None
         self.is_auditor = False
+        self.last_job_gc: dict | None = None
 
     @property
     def identity(self) -> str:
@@ -85,7 +86,26 @@ class AutoRecovery:
                 log.warning("%s lost the auditor leadership; campaigning again", self.name)
 
     async def _lead(self) -> None:
-        await asyncio.gather(self.auditor.lead(), self._drains())
+        await asyncio.gather(self.auditor.lead(), self._drains(), self._job_gc())
+
+    async def _job_gc(self) -> None:
+        """Settle what write jobs left behind (`pybk.spark.gc.collect`, as `pybk shell gc-jobs`),
+        every job_gc_interval seconds; only the auditor does, so two processes never race."""
+        from pybk.spark import gc
+        if self.options.job_gc_interval <= 0:
+            return
+        while True:
+            try:
+                report = await gc.collect(self.store, grace_s=self.options.job_gc_grace)
+                self.last_job_gc = report.to_json()
+                if report.deleted or report.committed or report.removed_records or report.errors:
+                    log.info("write-job GC: deleted %s, marked committed %s, removed records %s, errors %s",
+                             report.deleted, report.committed, report.removed_records, report.errors)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("write-job GC failed; next pass as scheduled")
+            await asyncio.sleep(self.options.job_gc_interval)
 
     async def _drains(self) -> None:
         """Finish decommissions (also those started with --no-wait)."""
@@ -108,5 +128,6 @@ class AutoRecovery:
                "worker_busy": sorted(self.worker.busy) if self.worker else [],
                "worker_errors": {str(k): v for k, v in sorted(self.worker.errors.items())} if self.worker else {},
                "lost_bookies": sorted(self.auditor.lost),
-               "last_audit": self.auditor.last_audit.to_json() if self.auditor.last_audit else None}
+               "last_audit": self.auditor.last_audit.to_json() if self.auditor.last_audit else None,
+               "last_job_gc": self.last_job_gc}
         return out

@@ -89,6 +89,12 @@ def render_ledger(d: dict[str, Any], args: Any = None) -> str:
 def _render_ledgers(rows: list[dict[str, Any]], args: Any = None) -> str:
     if rows and set(rows[0]) == {"ledger_id"}:
         return "\n".join(str(r["ledger_id"]) for r in rows)
+    if getattr(args, "job", None):
+        return format_table(["ledger", "partition", "job state", "visible", "state", "last entry", "length", "created"],
+                            [[r["ledger_id"], r["job"]["partition"], r["job"]["state"],
+                              "yes" if r["job"]["visible"] else "no", r["state"], last_text(r["last_entry_id"]),
+                              r["length"], ctime_text(r["ctime_ms"])] for r in rows],
+                            empty=f"no ledgers of job {args.job}")
     return format_table(["ledger", "state", "E/Qw/Qa", "last entry", "length", "fragments", "created"],
                         [[r["ledger_id"], r["state"], f"{r['ensemble_size']}/{r['write_quorum']}/{r['ack_quorum']}",
                           last_text(r["last_entry_id"]), r["length"], len(r["fragments"]), ctime_text(r["ctime_ms"])]
@@ -98,11 +104,33 @@ def _render_ledgers(rows: list[dict[str, Any]], args: Any = None) -> str:
 def _listledgers_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ids-only", action="store_true",
                    help="print only ledger ids (skips reading each ledger's metadata)")
+    p.add_argument("--job", metavar="JOB_ID",
+                   help="only the ledgers a write job (e.g. a Spark write's jobId) created, with their commit state")
+
+
+async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
+    """ledger_json of every ledger the job created, each with a `job` part: its partition, its
+    own state (pending / committed) and whether readers see it (the job's record decides)."""
+    from pybk.meta.jobs import check_job_id
+    from pybk.spark import commit, gc
+    check_job_id(job_id)
+    record = await store.jobs.get(job_id)
+    outcome = record.outcome.value if record is not None else "undecided"
+    rows = []
+    async for md in gc.tagged(store, job_id):
+        state = commit.state_of(md.custom)
+        rows.append({**ledger_json(md), "job": {
+            "id": job_id, "partition": commit.partition_of(md.custom), "outcome": outcome,
+            "state": state.value if state is not None else "unmarked",
+            "visible": commit.visible(md.ledger_id, md.custom, record)}})
+    return rows
 
 
 @command("listledgers", "list ledgers with their state and size", _listledgers_args, _render_ledgers)
 async def listledgers(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any]]:
     store = await sh.store()
+    if args.job:
+        return await _job_ledgers(store, args.job)
     if args.ids_only:
         return [{"ledger_id": lid} async for lid in store.ledgers.list()]
     return [ledger_json(md) async for md in store.ledgers.list_metadata()]

@@ -35,7 +35,7 @@ from pybk.meta.ledgers import LedgerMetadata, Unchanged
 JOB_KEY = "pybk.spark.job"
 PARTITION_KEY = "pybk.spark.partition"
 STATE_KEY = "pybk.spark.state"
-DEFAULT_GRACE_S = 3600.0  # an undecided job's ledgers are kept this long (a job may run for a while)
+DEFAULT_GRACE_S = 86400.0  # an undecided job's ledgers are kept this long (a job may run for hours)
 
 
 class WriteState(enum.StrEnum):
