@@ -97,12 +97,20 @@ class BookKeeper:
 
     # ---- ledgers ------------------------------------------------------------------------
 
-    async def create_ledger(self, ensemble: int = 3, write_quorum: int | None = None,
+    async def create_ledger(self, ensemble: int | None = None, write_quorum: int | None = None,
                             ack_quorum: int | None = None, digest: DigestType = DigestType.CRC32C,
                             password: bytes = b"", metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
         """Create a ledger on `ensemble` bookies chosen by placement; returns its write handle.
-        Its metadata keeps one-way hashes of the password and of the master key, never the key:
-        bookies verify the key with it, autorecovery repairs the ledger with its admin role."""
+        Without an ensemble, the cluster's stored ledger defaults apply (E/Qw/Qa, for the quorums
+        not given; none stored: E 3). Otherwise `write_quorum` defaults to `ensemble` and
+        `ack_quorum` to `write_quorum`. Its metadata keeps one-way hashes of the password and of
+        the master key, never the key: bookies verify the key with it, autorecovery repairs the
+        ledger with its admin role."""
+        if ensemble is None:
+            stored = await self.store.cluster.ledger_defaults()
+            ensemble, qw, qa = stored.geometry() if stored is not None else (3, 3, 3)
+            write_quorum = min(qw, ensemble) if write_quorum is None else write_quorum
+            ack_quorum = min(qa, write_quorum) if ack_quorum is None else ack_quorum
         write_quorum = ensemble if write_quorum is None else write_quorum
         ack_quorum = write_quorum if ack_quorum is None else ack_quorum
         try:

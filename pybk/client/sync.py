@@ -83,7 +83,7 @@ class BookKeeper:
             loop.close()
             raise
 
-    def create_ledger(self, ensemble: int = 3, write_quorum: int | None = None, ack_quorum: int | None = None,
+    def create_ledger(self, ensemble: int | None = None, write_quorum: int | None = None, ack_quorum: int | None = None,
                       digest: DigestType = DigestType.CRC32C, password: bytes = b"",
                       metadata: dict[str, bytes] | None = None) -> LedgerHandle:
         return LedgerHandle(self._loop, self._loop.run_until_complete(self._bk.create_ledger(

@@ -9,8 +9,8 @@ import concurrent.futures
 import pytest
 from polling import eventually
 
-from pybk.client import BookKeeper
 from pybk.meta import MetadataStore
+from pybk.meta.cluster import LedgerDefaults
 from pybk.meta.jobs import JobOutcome
 from pybk.spark import gc, written_ledgers
 from pybk.spark.commit import WriteState, state_of
@@ -114,3 +114,48 @@ async def test_tasks_that_outlive_an_abort_leave_no_ledger_and_readers_never_see
     assert list(pending.values()) == [WriteState.PENDING] and rows == []
     assert await job_ledgers(store, "job-late") == {}
     assert written_ledgers(uri, "job-late") == {}
+
+
+async def test_a_write_commits_its_ledgers_at_once_with_the_clusters_ledger_defaults(spark, cluster):
+    uri, store, _ = cluster
+    await store.cluster.set_ledger_defaults(LedgerDefaults(2, 2, 1))
+    rows = [b"row %d" % i for i in range(90)]
+    df = spark.createDataFrame([(p,) for p in rows], "payload binary").repartition(3)
+    await in_thread(spark, writer(df, uri, "job-ok").save)
+    written = written_ledgers(uri, "job-ok")
+    assert sorted(written) == [0, 1, 2]
+    assert (await store.jobs.get("job-ok")).ledgers == frozenset(written.values())
+    for lid in written.values():
+        md = await store.ledgers.get(lid)
+        assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (2, 2, 1)
+        assert state_of(md.custom) is WriteState.COMMITTED and md.is_closed
+    assert await in_thread(spark, read_all, spark, uri) == sorted(rows)
+
+    with pytest.raises(Exception, match="option jobId: job job-ok was already committed"):
+        await in_thread(spark, writer(df, uri, "job-ok").save)
+
+    def decided_meanwhile(batches):  # as the garbage collector does to a job past its grace
+        import asyncio as aio
+
+        from pybk.meta import MetadataStore
+        from pybk.meta.jobs import JobOutcome, JobRecord
+
+        async def abort() -> None:
+            async with await MetadataStore.connect(uri) as st:
+                await st.jobs.decide(JobRecord("job-overtaken", JobOutcome.ABORTED))
+        aio.run(abort())
+        yield from batches
+    overtaken = df.mapInArrow(decided_meanwhile, "payload binary")
+    with pytest.raises(Exception, match="pybk write job job-overtaken was already aborted"):
+        await in_thread(spark, writer(overtaken, uri, "job-overtaken", ensembleSize=3).save)
+    assert await job_ledgers(store, "job-overtaken") == {}
+    assert await in_thread(spark, read_all, spark, uri) == sorted(rows)
+
+    # Spark refuses every mode but append and overwrite before pybk is asked (its message, not ours)
+    for mode in ("error", "ignore"):
+        with pytest.raises(Exception, match=r"UNSUPPORTED_DATA_SOURCE_SAVE_MODE.*\"pybk\""):
+            await in_thread(spark, writer(df, uri, f"job-{mode}").mode(mode).save)
+        assert await store.jobs.get(f"job-{mode}") is None
+    with pytest.raises(Exception, match=r"append-only: use mode\('append'\)"):
+        await in_thread(spark, writer(df, uri, "job-overwrite").mode("overwrite").save)
+    assert [lid async for lid in store.ledgers.list()] == sorted(written.values())
