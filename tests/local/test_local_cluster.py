@@ -217,3 +217,16 @@ def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path):
         time.sleep(0.1)
     assert _processes_mentioning(str(data_dir)) == []
     assert not (data_dir / "local.json").exists() and control.running_supervisor(data_dir) is None
+
+
+async def test_up_stores_the_manifests_ledger_defaults_where_clients_find_them(cluster):
+    from pybk.client import BookKeeper
+    from pybk.meta.cluster import LedgerDefaults
+    _, doc = cluster
+    async with await BookKeeper.connect(doc["metadata_service_uri"]) as bk:
+        assert await bk.store.cluster.ledger_defaults() == LedgerDefaults(3, 3, 2)  # examples/cluster.yaml
+        lh = await bk.create_ledger(password=b"defaults")
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 3, 2)
+        await lh.close()
+        await bk.delete_ledger(lh.ledger_id, b"defaults")

@@ -276,7 +276,7 @@ async def ready(api: Api, replicas: int) -> dict:
         raise AssertionError(f"{e}; status: {(api.cluster() or {}).get('status')}") from None
 
 
-async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri):
+async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri, store):
     api, kubelet, _ = world
     api.create(CLUSTER, manifest(3, metadata_uri))
     cluster = await ready(api, 3)
@@ -299,6 +299,10 @@ async def test_create_makes_every_object_and_becomes_ready(world, metadata_uri):
         assert [v["name"] for v in pod["volumes"]] == ["tmp"]
         assert pod["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
     assert api.items(CERTIFICATES) == []
+    # the spec's ledger defaults are stored with the cluster in etcd, where clients find them
+    await eventually(store.cluster.ledger_defaults, TIMEOUT, 0.2, "ledger defaults in etcd")
+    assert await store.cluster.ledger_defaults() == BookieClusterSpec.from_manifest(
+        manifest(3, metadata_uri)).ledger_defaults
 
 
 async def test_scale_up_adds_a_bookie(world, metadata_uri):

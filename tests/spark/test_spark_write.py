@@ -51,6 +51,17 @@ def read_all(spark, uri: str) -> list[bytes]:
     return sorted(bytes(r.payload) for r in df.collect())
 
 
+def named_error(spark, uri: str, ledger_id: int) -> str:
+    """The error of reading one ledger by id (empty if it reads)."""
+    activate(spark)
+    try:
+        (spark.read.format("pybk").option("metadataServiceUri", uri).option("ledgers", str(ledger_id))
+         .option("password", PW).load().collect())
+    except Exception as exc:
+        return str(exc)
+    return ""
+
+
 async def job_ledgers(store, job: str) -> dict[int, WriteState | None]:
     return {md.ledger_id: state_of(md.custom) async for md in gc.tagged(store, job)}
 
@@ -107,11 +118,13 @@ async def test_tasks_that_outlive_an_abort_leave_no_ledger_and_readers_never_see
         for i in range(3):
             yield pa.RecordBatch.from_pylist([{"payload": b"late %d" % i}] * 50)
             if i == 1:
-                during.append((tagged_now(uri, "job-late"), read_all(spark, uri)))
+                pending = tagged_now(uri, "job-late")
+                during.append((pending, read_all(spark, uri), named_error(spark, uri, *pending)))
     result = await asyncio.to_thread(lambda: run(_write_partition(opts, "payload", batches(), 1)))
     assert result.ledger_id is None and result.entries == 0
-    (pending, rows), = during
+    (pending, rows, error), = during
     assert list(pending.values()) == [WriteState.PENDING] and rows == []
+    assert f"ledger {next(iter(pending))} is not committed: write job job-late" in error
     assert await job_ledgers(store, "job-late") == {}
     assert written_ledgers(uri, "job-late") == {}
 
