@@ -270,3 +270,19 @@ def test_a_secure_data_dir_stays_secure_and_keeps_its_ca_when_started_again(tmp_
     with control.detached(path, data_dir) as doc:  # no --secure: remembered
         assert "security" in doc and LocalSecurity.of(data_dir).ca_cert.read_bytes() == ca
         assert asyncio.run(read_back(read_client(data_dir), written)) == written
+
+
+def test_gc_jobs_deletes_others_ledgers_only_as_an_admin(secured):
+    data_dir, _ = secured
+    security = LocalSecurity.of(data_dir)
+    writer = {"PYBK_TOKEN_FILE": str(security.token_file(Role.WRITER)),
+              "PYBK_TLS_CERT": str(security.identity(Identity.WRITER).cert),
+              "PYBK_TLS_KEY": str(security.identity(Identity.WRITER).key)}
+    refused = pybk("shell", "gc-jobs", "--grace", "0", "--data-dir", data_dir, env=writer)
+    assert refused.returncode == 1
+    assert "gc-jobs deletes ledgers without their passwords: it needs the admin role" in refused.stderr
+    assert "role writer" in refused.stderr, refused.stderr
+    dry = pybk("shell", "gc-jobs", "--dry-run", "--data-dir", data_dir, "-o", "json", env=writer)
+    assert dry.returncode == 0 and json.loads(dry.stdout)["dry_run"] is True, dry.stderr
+    admin = pybk("shell", "gc-jobs", "--data-dir", data_dir, "-o", "json")
+    assert admin.returncode == 0 and json.loads(admin.stdout)["errors"] == {}, admin.stderr
