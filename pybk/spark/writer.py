@@ -21,7 +21,7 @@ from pybk.meta.jobs import JobOutcome, JobRecord
 
 from . import commit, gc
 from .options import OptionError, WriteOptions
-from .runtime import client, run
+from .runtime import client, is_no_such_ledger, run
 
 log = logging.getLogger("pybk.spark")
 WRITE_WINDOW = 2048
@@ -106,7 +106,7 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
         if not commit.late_attempt_keeps(handle.ledger_id, record):
             log.warning("pybk write job %s was %s without ledger %d of partition %d: deleting it",
                         opts.job_id, record.outcome.value, handle.ledger_id, partition)
-            await bk.delete_ledger(handle.ledger_id, opts.password)
+            await _delete_quietly(bk, handle.ledger_id, opts.password)
             return LedgerWritten(partition, None, 0)
         return LedgerWritten(partition, handle.ledger_id, written)
     except BaseException:
@@ -116,11 +116,13 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
 
 
 async def _delete_quietly(bk, ledger_id: int, password: bytes) -> None:
-    """Delete a failed attempt's ledger; failing that, the garbage collector will (it is pending)."""
+    """Delete an attempt's ledger (gone already: the driver's settling was first); failing that,
+    the garbage collector will (it is pending)."""
     try:
         await bk.delete_ledger(ledger_id, password)
     except Exception as exc:
-        log.warning("pybk write: could not delete ledger %d of a failed task: %s", ledger_id, exc)
+        if not is_no_such_ledger(exc):
+            log.warning("pybk write: could not delete ledger %d of task attempt: %s", ledger_id, exc)
 
 
 async def _resolve(opts: WriteOptions) -> WriteOptions:
