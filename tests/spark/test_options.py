@@ -6,7 +6,7 @@ import pytest
 from pybk.entry import DigestType
 from pybk.spark.options import (DEFAULT_ENTRIES_PER_PARTITION, EARLIEST, LATEST, LedgerSelection,
                                 OnUnauthorized, OptionError, Positions, ReadOptions, Selector,
-                                WriteOptions, parse_ledgers)
+                                READ_OPTIONS, WriteOptions, parse_ledgers)
 
 URI = "etcd://127.0.0.1:2379/pybk"
 
@@ -151,3 +151,15 @@ def test_passwords_by_id_win_over_selectors_in_their_order_then_password():
     assert o.password_for(8, {"env": b"prod"}) == b"prod"
     assert o.password_for(8, {}) == b"default" and o.password_for(8) == b"default"
     assert o.with_password(8, b"found").password_for(8) == b"found"   # what planning resolved wins
+
+
+def test_docs_option_tables_list_exactly_the_read_options():
+    import re
+    from pathlib import Path
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "spark.md").read_text()
+    reading = text[text.index("## Reading"):text.index("## Writing")]
+    documented = {name.lower() for row in re.findall(r"^\| ([^|]+) \|", reading, re.M)
+                  for name in re.findall(r"`(\w+)`", row)}
+    documented.discard("option")
+    assert documented == set(READ_OPTIONS) - {"path"}, documented ^ (set(READ_OPTIONS) - {"path"})
+    assert 'load("1,2")' in reading  # path
