@@ -43,7 +43,8 @@ class ReadPartition(LedgerPartition):
 def partitions_of(ranges: Sequence[EntryRange], passwords: dict[int, bytes],
                   opts: ReadOptions) -> list[InputPartition]:
     """Spark partitions for these ranges, each with its ledger's password."""
-    return [ReadPartition(r.ledger_id, r.first, r.last, passwords.get(r.ledger_id) or opts.password_for(r.ledger_id))
+    return [ReadPartition(r.ledger_id, r.first, r.last,
+                          passwords[r.ledger_id] if r.ledger_id in passwords else opts.password_for(r.ledger_id))
             for r in ranges]
 
 
