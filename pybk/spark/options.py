@@ -399,11 +399,6 @@ class ReadOptions:
         """These options with this ledger's password resolved (what password_for answers)."""
         return replace(self, resolved=((ledger_id, password),))
 
-    @property
-    def start_entry(self) -> int:
-        """The first entry of ledgers with no position of their own (startEntry)."""
-        return max(self.starting.default, 0)
-
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReadOptions":
         opts = _lower(options)

@@ -138,7 +138,7 @@ def test_per_ledger_offsets_resolve_against_the_readable_end():
     assert words.starting == Positions(LATEST) and words.ending == Positions(LATEST)
     assert words.starting.resolve(3, 40) == 40 and words.starting.first_of_new(3) == 0
     entries = ReadOptions.parse({"metadataServiceUri": URI, "startEntry": "5", "endEntry": "9"})
-    assert entries.starting.resolve(1, 100) == 5 and entries.ending.cap(1) == 10 and entries.start_entry == 5
+    assert entries.starting.resolve(1, 100) == 5 and entries.ending.cap(1) == 10
     assert ReadOptions.parse({"metadataServiceUri": URI}).starting.resolve(1, 9) == 0 == EARLIEST + 2
 
 
