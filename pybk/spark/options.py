@@ -351,8 +351,9 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
 
 def _one_of(opts: Mapping[str, str], a: str, b: str) -> None:
     if opts.get(a.lower()) not in (None, "") and opts.get(b.lower()) not in (None, ""):
-        raise OptionError(f"options {a} and {b} both say where to start or stop: give one of them "
-                          f"({a} applies to every ledger, {b} per ledger)")
+        raise OptionError(f"options {a} and {b} both say where reading starts or stops: give only one "
+                          "(startEntry/endEntry: the same entry in every ledger; startingOffsets/"
+                          "endingOffsets: per ledger)")
 
 
 @dataclass(frozen=True)
