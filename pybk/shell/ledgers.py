@@ -103,6 +103,7 @@ def _listledgers_args(p: argparse.ArgumentParser) -> None:
 @command("listledgers", "list ledgers with their state and size", _listledgers_args, _render_ledgers)
 async def listledgers(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any]]:
     store = await sh.store()
+    await store.cluster.require()  # a wrong prefix is an error, not "no ledgers"
     if args.ids_only:
         return [{"ledger_id": lid} async for lid in store.ledgers.list()]
     return [ledger_json(md) async for md in store.ledgers.list_metadata()]
