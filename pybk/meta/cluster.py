@@ -14,7 +14,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from .errors import BadMetadataError
+from .errors import BadMetadataError, NoClusterError
 from .etcd import Etcd, cmp_create, cmp_mod, op_get, op_put
 
 LAYOUT_VERSION = 1
@@ -50,6 +50,7 @@ class Cluster:
     def __init__(self, etcd: Etcd, prefix: bytes):
         self.etcd = etcd
         self.key = prefix + b"cluster"
+        self.where = f"etcd://{etcd.uri.endpoint_text}/{etcd.uri.prefix}"
 
     @staticmethod
     def _decode(data: bytes) -> dict:
@@ -65,6 +66,16 @@ class Cluster:
         """The cluster record ({instance_id, layout_version}) or None before the first bookie."""
         kv = await self.etcd.get(self.key)
         return self._decode(kv.value) if kv else None
+
+    async def require(self) -> dict:
+        """The cluster record, or NoClusterError naming where it was looked for: what clients that
+        only read (the Spark source, `pybk shell listledgers`) check first, so that a wrong prefix
+        is an error instead of an empty cluster."""
+        record = await self.get()
+        if record is None:
+            raise NoClusterError(f"no pybk cluster at {self.where} (no cluster record under that prefix: "
+                                 "is the prefix right, and has a bookie of this cluster ever started?)")
+        return record
 
     async def instance_id(self, create: bool = True) -> str | None:
         """The cluster's instance id, creating it (once, agreed by CAS) unless create is False."""

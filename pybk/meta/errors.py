@@ -37,6 +37,11 @@ class MetadataPermissionError(MetadataAuthError):
     """etcd knows the user but its roles do not allow the operation on that key."""
 
 
+class NoClusterError(MetadataError):
+    """etcd answers but holds no pybk cluster under the prefix (no cluster record): usually a wrong
+    prefix in the metadata URI, or no bookie has ever started there."""
+
+
 class NoSuchLedgerError(MetadataError, KeyError):
     """The ledger has no metadata (never created, or deleted)."""
 

@@ -129,6 +129,7 @@ async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
 @command("listledgers", "list ledgers with their state and size", _listledgers_args, _render_ledgers)
 async def listledgers(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any]]:
     store = await sh.store()
+    await store.cluster.require()  # a wrong prefix is an error, not "no ledgers"
     if args.job:
         return await _job_ledgers(store, args.job)
     if args.ids_only:

@@ -1,103 +1,153 @@
-"""Which ledgers a read covers and how far each is readable (driver side, planning)."""
+"""Which ledgers a read covers, with which password, and how far each is readable (driver side).
+
+Every candidate ledger's metadata is read (one etcd range read per page for a listing, one get per
+named ledger): `admitted` decides from it whether the ledger belongs to the read, the password is
+chosen from the options (`ReadOptions.password_for`, selectors included) and checked against the
+metadata's password hash without a bookie call, and a closed ledger's end comes from it too; only
+open ledgers ask bookies for their last add confirmed.
+"""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+import logging
+from dataclasses import dataclass, field
+from typing import Any
 
-from .options import OptionError, ReadOptions
+from pybk.entry import password_hash
+
+from .errors import PybkSparkError
+from .options import OnUnauthorized, OptionError, ReadOptions
 from .plan import Bounds, candidate_ledgers, select_ledgers
 from .runtime import client, is_no_such_ledger
 
 PLAN_CONCURRENCY = 32
+log = logging.getLogger("pybk.spark")
 
 
-async def readable(bk: Any, ledger_id: int, password: bytes) -> tuple[int, bool] | None:
-    """(last readable entry, closed) of one ledger; None when it does not exist.
+@dataclass
+class Discovered:
+    """What discovery found: per ledger its last readable entry (-1: none yet) and the password
+    that opens it, and the ledgers left out because no given password opens them."""
 
-    A closed ledger is readable to its last entry; an open one to the LAC that bookies report.
-    Opening without recovery checks the password and never fences the writer.
-    """
+    readable: dict[int, int] = field(default_factory=dict)
+    passwords: dict[int, bytes] = field(default_factory=dict)
+    unauthorized: list[int] = field(default_factory=list)
+
+
+def admitted(opts: ReadOptions, md: Any) -> bool:
+    """Whether a ledger found in the cluster belongs to this read, judged by its metadata: the one
+    place every found ledger passes (the metadata selectors of option ledgers)."""
+    return opts.ledgers.matches(md.custom or {})
+
+
+async def _named_metadata(bk: Any, ids: list[int]) -> tuple[list[Any], list[int]]:
+    """Metadata of these ledgers, and the ids that do not exist."""
+    gate = asyncio.Semaphore(PLAN_CONCURRENCY)
+
+    async def one(lid: int) -> Any:
+        async with gate:
+            try:
+                return await bk.ledger_metadata(lid)
+            except Exception as exc:
+                if is_no_such_ledger(exc):
+                    return None
+                raise
+    found = await asyncio.gather(*(one(i) for i in ids))
+    return [md for md in found if md is not None], [i for i, md in zip(ids, found) if md is None]
+
+
+async def _candidates(bk: Any, opts: ReadOptions, bounds: Bounds) -> tuple[list[Any], list[int], bool]:
+    """Metadata of the ledgers to consider, the named ones that do not exist, and whether the
+    ledgers were named explicitly (so must exist)."""
+    named = candidate_ledgers(opts.ledgers, bounds)
+    if named is not None:
+        mds, missing = await _named_metadata(bk, named)
+        return mds, missing, opts.ledgers.finite
+    end = None if bounds.ledger_hi is None else bounds.ledger_hi + 1
+    listed = {md.ledger_id: md async for md in bk.store.ledgers.list_metadata(bounds.ledger_lo, end)}
+    return [listed[i] for i in select_ledgers(listed, opts.ledgers, bounds)], [], False
+
+
+async def _last_readable(bk: Any, md: Any, password: bytes) -> int | None:
+    """Last readable entry: a closed ledger's last entry, an open one's LAC as bookies report it
+    (opened without recovery, so its writer is never fenced); None when it was deleted meanwhile."""
+    if md.is_closed:
+        return int(md.last_entry_id)
     try:
-        handle = await bk.open_ledger(ledger_id, password=password, recovery=False)
+        handle = await bk.open_ledger(md.ledger_id, password=password, recovery=False)
+        return int(await handle.read_last_add_confirmed())
     except Exception as exc:
         if is_no_such_ledger(exc):
             return None
         raise
-    md = handle.metadata
-    if md.is_closed:
-        return int(md.last_entry_id), True
-    return int(await handle.read_last_add_confirmed()), False
 
 
-async def _readable_all(bk: Any, ids: Sequence[int], password: bytes) -> list[tuple[int, bool] | None]:
-    gate = asyncio.Semaphore(PLAN_CONCURRENCY)
-
-    async def one(lid: int):
-        async with gate:
-            return await readable(bk, lid, password)
-    return list(await asyncio.gather(*(one(i) for i in ids)))
-
-
-async def hide_pending(bk: Any, ids: Sequence[int], named: bool) -> list[int]:
-    """ids without the ledgers readers may not see yet: those a write job created and has not
+async def hide_pending(bk: Any, mds: list[Any], named: bool) -> list[Any]:
+    """mds without the ledgers readers may not see yet: those a write job created and has not
     committed (`commit.visible`; each job's record fetched once). A named ledger that is pending
-    is an error naming it and its job. Ids that do not exist pass through (the caller reports them)."""
-    from pybk.meta.errors import NoSuchLedgerError
-
+    is an error naming it and its job."""
     from . import commit
-    gate, records = asyncio.Semaphore(PLAN_CONCURRENCY), {}
-
-    async def shown(lid: int) -> bool:
-        async with gate:
-            try:
-                custom = (await bk.store.ledgers.get(lid)).custom
-            except NoSuchLedgerError:
-                return True
-            if not commit.needs_record(custom):
-                return True
+    records: dict[str, Any] = {}
+    out = []
+    for md in mds:
+        custom = md.custom or {}
+        if commit.needs_record(custom):
             job = commit.job_of(custom)
             if job not in records:
-                records[job] = asyncio.ensure_future(bk.store.jobs.get(job))
-            if commit.visible(lid, custom, await records[job]):
-                return True
-            if named:
-                raise OptionError(f"option ledgers: ledger {lid} is not committed: write job {job} "
-                                  "has not committed it (still running, failed, or aborted)")
-            return False
-    keep = await asyncio.gather(*(shown(i) for i in ids))
-    return [i for i, k in zip(ids, keep) if k]
+                records[job] = await bk.store.jobs.get(job)
+            if not commit.visible(md.ledger_id, custom, records[job]):
+                if named:
+                    raise OptionError(f"option ledgers: ledger {md.ledger_id} is not committed: write job "
+                                      f"{job} has not committed it (still running, failed, or aborted)")
+                continue
+        out.append(md)
+    return out
 
 
-async def _ledger_ids(bk: Any, opts: ReadOptions, bounds: Bounds) -> tuple[list[int], bool]:
-    """Ledger ids to consider, and whether they were named explicitly (so must exist)."""
-    named = candidate_ledgers(opts.ledgers, bounds)
-    if named is not None:
-        return named, opts.ledgers.finite
-    listed = [lid async for lid in bk.list_ledgers()]
-    return select_ledgers(listed, opts.ledgers, bounds), False
+def unauthorized_error(ids: list[int]) -> PybkSparkError:
+    """The error of ledgers no given password opens (onUnauthorized=fail)."""
+    shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+    return PybkSparkError(f"wrong password for ledger(s) {shown}: give it with option password or "
+                          "passwords (JSON by ledger id or metadata.KEY=VALUE selector), or set "
+                          "onUnauthorized=skip to read the other ledgers")
 
 
-async def discover(opts: ReadOptions, bounds: Bounds, strict: bool,
-                    closed: dict[int, int] | None = None) -> dict[int, int]:
-    """{ledger_id: last readable entry} for the ledgers a query covers.
+async def discover(opts: ReadOptions, bounds: Bounds, strict: bool) -> Discovered:
+    """The ledgers a query covers: readable ends and passwords.
 
     strict (batch reads): a ledger named in the options that does not exist is an error.
-    closed: last entries of ledgers already known to be closed (they never change, so they are not
-    asked again); newly seen closed ledgers are added to it.
     """
     bk = await client(opts.metadata_uri, opts.security)
-    ids, named = await _ledger_ids(bk, opts, bounds)
-    known = closed if closed is not None else {}
-    ask = await hide_pending(bk, [i for i in ids if i not in known], named)
-    found = await _readable_all(bk, ask, opts.password)
-    missing = [i for i, r in zip(ask, found) if r is None]
+    mds, missing, named = await _candidates(bk, opts, bounds)
     if strict and named and missing:
         raise OptionError(f"option ledgers: unknown ledger(s) {', '.join(map(str, missing))} "
                           f"in {opts.metadata_uri}")
-    out = {i: known[i] for i in ids if i in known}
-    for lid, r in zip(ask, found):
-        if r is not None:
-            out[lid] = r[0]
-            if r[1] and closed is not None:
-                closed[lid] = r[0]
+    mds = await hide_pending(bk, mds, named)
+    out = Discovered()
+    usable = []
+    for md in mds:
+        if not admitted(opts, md):
+            continue
+        password = opts.password_for(md.ledger_id, md.custom or {})
+        if password_hash(password) != md.password_hash:
+            out.unauthorized.append(md.ledger_id)
+            continue
+        out.passwords[md.ledger_id] = password
+        usable.append(md)
+    if out.unauthorized:
+        if opts.on_unauthorized is OnUnauthorized.FAIL:
+            raise unauthorized_error(out.unauthorized)
+        log.warning("pybk: skipped %d ledger(s) that the given passwords do not open "
+                    "(onUnauthorized=skip): %s", len(out.unauthorized),
+                    ", ".join(map(str, out.unauthorized[:20])))
+    gate = asyncio.Semaphore(PLAN_CONCURRENCY)
+
+    async def one(md: Any) -> int | None:
+        async with gate:
+            return await _last_readable(bk, md, out.passwords[md.ledger_id])
+    for md, last in zip(usable, await asyncio.gather(*(one(md) for md in usable))):
+        if last is None:
+            out.passwords.pop(md.ledger_id, None)
+        else:
+            out.readable[md.ledger_id] = last
     return out

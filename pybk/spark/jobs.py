@@ -83,6 +83,13 @@ def _session_or_none(prog: str, app_name: str, master: str | None):
         return None
 
 
+def _failed(prog: str, exc: Exception) -> int:
+    """Say in one line why the job failed (`prog: <cause>`, no traceback); the exit status 1."""
+    from .errors import cause_line
+    print(f"{prog}: {cause_line(exc)}", file=sys.stderr)
+    return 1
+
+
 def stats_main(argv: Sequence[str] | None = None) -> int:
     """Command line of spark/ledger_stats.py."""
     parser = argparse.ArgumentParser(prog="ledger_stats",
@@ -92,8 +99,11 @@ def stats_main(argv: Sequence[str] | None = None) -> int:
     spark = _session_or_none("ledger_stats", "pybk-ledger-stats", args.master)
     if spark is None:
         return 2
-    rows = [r.asDict() for r in ledger_stats(spark, args.metadata_service_uri, args.ledgers,
-                                              args.password).collect()]
+    try:
+        rows = [r.asDict() for r in ledger_stats(spark, args.metadata_service_uri, args.ledgers,
+                                                  args.password).collect()]
+    except Exception as exc:
+        return _failed("ledger_stats", exc)
     if args.output == "json":
         print(json.dumps(rows))
     else:
@@ -116,8 +126,11 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     spark = _session_or_none("export_parquet", "pybk-export-parquet", args.master)
     if spark is None:
         return 2
-    rows = export_parquet(spark, args.metadata_service_uri, args.path, args.ledgers, args.password,
-                          args.include_metadata, args.mode)
+    try:
+        rows = export_parquet(spark, args.metadata_service_uri, args.path, args.ledgers, args.password,
+                              args.include_metadata, args.mode)
+    except Exception as exc:
+        return _failed("export_parquet", exc)
     if args.output == "json":
         print(json.dumps({"path": args.path, "rows": rows}))
     else:

@@ -3,16 +3,26 @@
 An offset is `{ledger_id: next_entry}`: every entry below next_entry has been handed to Spark.
 Spark stores offsets as JSON, whose object keys are strings, so the wire form is
 `{"<ledger_id>": next_entry}`. A micro-batch from offset `start` to `end` covers, per ledger,
-entries `[start.get(id, first_entry), end[id] - 1]`; ledgers that appear only in `end` were found
-after the stream started and are read from `first_entry` (the startEntry option, default 0).
+entries `[start.get(id, first), end[id] - 1]`; ledgers that appear only in `end` were found
+after the stream started and are read from their first entry (`Positions.first_of_new`: the
+entry id startingOffsets or startEntry gives, else 0), which depends on the options only, so a
+replayed batch plans the same ranges.
 """
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .plan import EntryRange, split
+from .options import Positions
+from .plan import EntryRange, split_all
 
 Offset = dict[int, int]
+First = int | Positions
+
+
+def _first(first: First, ledger_id: int) -> int:
+    return first.first_of_new(ledger_id) if isinstance(first, Positions) else first
 
 
 def to_json(offset: Mapping[int, int]) -> dict[str, int]:
@@ -36,7 +46,7 @@ def from_json(data: Mapping[str, Any] | None) -> Offset:
 
 
 def admit(start: Mapping[int, int], available: Mapping[int, int], max_entries: int | None,
-          first_entry: int = 0) -> Offset:
+          first_entry: First = 0) -> Offset:
     """The end offset of the next micro-batch.
 
     available: per ledger, the next entry id that is not yet readable (LAC + 1, or last entry + 1
@@ -45,7 +55,8 @@ def admit(start: Mapping[int, int], available: Mapping[int, int], max_entries: i
     gets an equal share, and what a ledger cannot use goes to the others, so one busy ledger does
     not starve the rest. The result never moves a ledger backwards and never drops one.
     """
-    begin = {lid: start.get(lid, first_entry) for lid in set(start) | set(available)}
+    begin = {lid: start[lid] if lid in start else _first(first_entry, lid)
+             for lid in set(start) | set(available)}
     want = {lid: max(0, available.get(lid, begin[lid]) - begin[lid]) for lid in begin}
     if max_entries is None:
         grant = want
@@ -73,17 +84,54 @@ def admit(start: Mapping[int, int], available: Mapping[int, int], max_entries: i
 
 
 def batch_ranges(start: Mapping[int, int], end: Mapping[int, int], per_partition: int,
-                 first_entry: int = 0) -> list[EntryRange]:
+                 first_entry: First = 0, min_partitions: int = 1) -> list[EntryRange]:
     """Entry ranges (partitions) of the micro-batch (start, end]."""
-    out: list[EntryRange] = []
-    for lid in sorted(end):
-        lo = start.get(lid, first_entry)
-        hi = end[lid] - 1
-        if hi >= lo:
-            out.extend(split(lid, lo, hi, per_partition))
-    return out
+    ranges = [EntryRange(lid, start[lid] if lid in start else _first(first_entry, lid), end[lid] - 1)
+              for lid in sorted(end)]
+    return split_all(ranges, per_partition, min_partitions)
 
 
-def total(start: Mapping[int, int], end: Mapping[int, int], first_entry: int = 0) -> int:
+def total(start: Mapping[int, int], end: Mapping[int, int], first_entry: First = 0) -> int:
     """Entries in the micro-batch (start, end]."""
-    return sum(max(0, end[lid] - start.get(lid, first_entry)) for lid in end)
+    return sum(max(0, end[lid] - (start[lid] if lid in start else _first(first_entry, lid))) for lid in end)
+
+
+class LossKind(enum.StrEnum):
+    """How entries a stream was reading became unreadable."""
+    DELETED = "deleted"
+    SHORTENED = "shortened"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A ledger of a running stream whose entries from `offset` on can no longer be read."""
+
+    ledger_id: int
+    kind: LossKind
+    offset: int
+    readable_to: int | None = None
+
+    def message(self) -> str:
+        """What happened, and how to continue (the first line of the query's error)."""
+        what = (f"ledger {self.ledger_id} was deleted" if self.kind is LossKind.DELETED else
+                f"ledger {self.ledger_id} is now readable only up to entry {self.readable_to} "
+                "(it was readable further before)")
+        return (f"data loss: {what} while the query was reading it (next entry {self.offset}); "
+                "to skip lost data and continue, set option failOnDataLoss=false")
+
+
+def data_loss(start: Mapping[int, int], available: Mapping[int, int],
+              seen: Mapping[int, int]) -> list[Loss]:
+    """Ledgers of a stream's offset that can no longer be read as far as before.
+
+    start: the offset the next batch starts from; available: per ledger, the next entry not yet
+    readable now (deleted ledgers are absent); seen: per ledger, the furthest `available` seen
+    earlier (readable ends only grow, so a smaller one means entries are gone).
+    """
+    out: list[Loss] = []
+    for lid in sorted(start):
+        if lid not in available:
+            out.append(Loss(lid, LossKind.DELETED, start[lid]))
+        elif available[lid] < seen.get(lid, 0):
+            out.append(Loss(lid, LossKind.SHORTENED, start[lid], available[lid] - 1))
+    return out

@@ -1,18 +1,19 @@
 """Read planning as pure functions: which entry ranges of which ledgers a query must read.
 
-`Bounds` is the box of (ledger_id, entry_id) a query can see: the options' startEntry/endEntry
-intersected with the filters Spark pushed down. `narrow()` turns pushed filters into bounds and
-says which filters Spark must still evaluate; `plan_ranges()` cuts each ledger's readable entries
-inside the bounds into partitions of at most `entries_per_partition` entries. Because entries
-outside the bounds are never planned, a pushed `entry_id BETWEEN a AND b` is never read from a
-bookie at all.
+`Bounds` is the box of (ledger_id, entry_id) that the filters Spark pushed down admit.
+`narrow()` turns pushed filters into bounds and says which filters Spark must still evaluate;
+`window()` is one ledger's entries that the options (startingOffsets/endingOffsets, startEntry/
+endEntry) select; `plan_ranges()` cuts each ledger's window inside the bounds into partitions of at
+most `entries_per_partition` entries (fewer when `minPartitions` asks for more partitions).
+Because entries outside the bounds are never planned, a pushed `entry_id BETWEEN a AND b` is never
+read from a bookie at all, and `entry_id IN (5, 4000)` reads two entries, not 3,996.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
-from .options import LedgerSelection
+from .options import LATEST, LedgerSelection, Positions
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,15 @@ class Bounds:
     ledger_in: frozenset[int] | None = None
     entry_lo: int = 0
     entry_hi: int | None = None
+    entry_in: frozenset[int] | None = None
 
     @property
     def empty(self) -> bool:
         if self.ledger_hi is not None and self.ledger_hi < self.ledger_lo:
             return True
         if self.entry_hi is not None and self.entry_hi < self.entry_lo:
+            return True
+        if self.entry_in is not None and not self.entry_runs(self.entry_lo, self.entry_hi):
             return True
         return self.ledger_in is not None and not any(self.admits_ledger(i) for i in self.ledger_in)
 
@@ -41,6 +45,22 @@ class Bounds:
     def with_entries(self, lo: int, hi: int | None) -> "Bounds":
         """These bounds narrowed to entries [lo, hi]."""
         return replace(self, entry_lo=max(self.entry_lo, lo), entry_hi=_min(self.entry_hi, hi))
+
+    def entry_runs(self, first: int, last: int | None) -> list[tuple[int, int | None]]:
+        """The entries of [first, last] these bounds admit, as inclusive runs: one run, or with an
+        IN list one run per group of consecutive values."""
+        lo, hi = max(first, self.entry_lo), _min(last, self.entry_hi)
+        if hi is not None and hi < lo:
+            return []
+        if self.entry_in is None:
+            return [(lo, hi)]
+        runs: list[tuple[int, int | None]] = []
+        for v in sorted(v for v in self.entry_in if v >= lo and (hi is None or v <= hi)):
+            if runs and runs[-1][1] == v - 1:
+                runs[-1] = (runs[-1][0], v)
+            else:
+                runs.append((v, v))
+        return runs
 
 
 def _min(a: int | None, b: int | None) -> int | None:
@@ -67,8 +87,8 @@ def narrow(bounds: Bounds, filters: Sequence[Any]) -> tuple[Bounds, list[Any]]:
 
     Returns the narrowed bounds and the filters Spark must still evaluate (the very same
     objects). Comparisons and IN on ledger_id / entry_id with integer literals are enforced
-    exactly by planning; IN on entry_id only narrows to its [min, max] and is returned too;
-    anything else is returned untouched.
+    exactly by planning (an IN on entry_id plans one range per value); anything else is returned
+    untouched.
     """
     remaining: list[Any] = []
     for f in filters:
@@ -83,13 +103,11 @@ def narrow(bounds: Bounds, filters: Sequence[Any]) -> tuple[Bounds, list[Any]]:
             if not values or not all(_is_int(v) for v in values):
                 remaining.append(f)
                 continue
+            ids = frozenset(values)
             if col == "ledger_id":
-                ids = frozenset(values)
-                both = ids if bounds.ledger_in is None else bounds.ledger_in & ids
-                bounds = replace(bounds, ledger_in=both)
+                bounds = replace(bounds, ledger_in=ids if bounds.ledger_in is None else bounds.ledger_in & ids)
             else:
-                bounds = bounds.with_entries(min(values), max(values))
-                remaining.append(f)
+                bounds = replace(bounds, entry_in=ids if bounds.entry_in is None else bounds.entry_in & ids)
             continue
         if kind == "IsNotNull":
             continue  # the columns are never null
@@ -150,8 +168,31 @@ def split(ledger_id: int, first: int, last: int, per_partition: int) -> list[Ent
             for lo in range(first, last + 1, per_partition)]
 
 
-def plan_ranges(readable: Iterable[tuple[int, int]], bounds: Bounds,
-                per_partition: int) -> list[EntryRange]:
+def split_all(ranges: Iterable[EntryRange], per_partition: int, min_partitions: int = 1) -> list[EntryRange]:
+    """Ranges cut into partitions of at most per_partition entries, and into at least
+    min_partitions partitions when there are that many entries (like Kafka's minPartitions: a
+    smaller size for every range, so big ranges are cut most)."""
+    ranges = [r for r in ranges if r.count > 0]
+    entries = sum(r.count for r in ranges)
+    size = per_partition
+    if min_partitions > 1 and entries:
+        size = max(1, min(per_partition, entries // min_partitions))
+    return [p for r in ranges for p in split(r.ledger_id, r.first, r.last, size)]
+
+
+def window(starting: Positions, ending: Positions, ledger_id: int, last_readable: int) -> tuple[int, int]:
+    """Entries [first, last] of a ledger that a batch read selects: from its starting position to
+    before its ending position, within what is readable (last_readable + 1 is latest)."""
+    next_readable = last_readable + 1
+    first = starting.resolve(ledger_id, next_readable)
+    cap = ending.cap(ledger_id)
+    end = next_readable if cap is None else min(cap, next_readable)
+    return first, end - 1
+
+
+def plan_ranges(readable: Iterable[tuple[int, int]], bounds: Bounds, per_partition: int,
+                starting: Positions = Positions(), ending: Positions = Positions(LATEST),
+                min_partitions: int = 1) -> list[EntryRange]:
     """Partitions for a batch read.
 
     readable: (ledger_id, last readable entry id) pairs; the last readable entry is the last
@@ -159,12 +200,11 @@ def plan_ranges(readable: Iterable[tuple[int, int]], bounds: Bounds,
     """
     if bounds.empty:
         return []
-    out: list[EntryRange] = []
+    ranges: list[EntryRange] = []
     for ledger_id, last_readable in sorted(readable):
         if not bounds.admits_ledger(ledger_id):
             continue
-        first = bounds.entry_lo
-        last = last_readable if bounds.entry_hi is None else min(last_readable, bounds.entry_hi)
-        if last >= first:
-            out.extend(split(ledger_id, first, last, per_partition))
-    return out
+        first, last = window(starting, ending, ledger_id, last_readable)
+        ranges.extend(EntryRange(ledger_id, lo, last if hi is None else hi)
+                      for lo, hi in bounds.entry_runs(first, last))
+    return split_all(ranges, per_partition, min_partitions)

@@ -63,15 +63,21 @@ def drive(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 async def connect(uri: str, security: ClientSecurity | None = None):
     """A new BookKeeper client for uri with these credentials (None: this process's credential
     variables, `PYBK_TLS_CA`, `PYBK_TOKEN_FILE`, ...), or an OptionError that names the
-    unreachable service."""
+    unreachable service, or NoClusterError when no cluster lives under the URI's prefix."""
     from pybk.client import BookKeeper
     from pybk.meta.errors import BadMetadataUriError, MetadataUnavailableError
     try:
-        return await asyncio.wait_for(BookKeeper.connect(uri, security=security), CONNECT_TIMEOUT)
+        bk = await asyncio.wait_for(BookKeeper.connect(uri, security=security), CONNECT_TIMEOUT)
     except (asyncio.TimeoutError, OSError) as exc:
         raise OptionError(f"metadata service {uri} is unreachable: {exc or 'timed out'}") from exc
     except (MetadataUnavailableError, BadMetadataUriError) as exc:
         raise OptionError(f"metadata service {uri}: {exc}") from exc
+    try:
+        await bk.store.cluster.require()  # a wrong prefix is an error, not an empty cluster
+    except BaseException:
+        await bk.close()
+        raise
+    return bk
 
 
 async def client(uri: str, security: ClientSecurity | None = None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from .errors import cause_first
 from .options import OptionError, ReadOptions, WriteOptions
 from .reader import LedgerBatchReader, LedgerStreamReader
 from .runtime import with_credentials
@@ -28,14 +29,16 @@ class LedgerDataSource(DataSource):
         return "pybk"
 
     def schema(self) -> str:
-        opts = ReadOptions.parse(self.options)
-        return spark_schema(opts.include_metadata)
+        with cause_first():
+            return spark_schema(ReadOptions.parse(self.options).include_metadata)
 
     def reader(self, schema: StructType) -> "LedgerBatchReader":
-        return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
+        with cause_first():
+            return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
 
     def streamReader(self, schema: StructType) -> "LedgerStreamReader":
-        return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
+        with cause_first():
+            return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
         opts = with_credentials(WriteOptions.parse(self.options))

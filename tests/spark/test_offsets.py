@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from pybk.spark.offsets import admit, batch_ranges, from_json, to_json, total
+from pybk.spark.offsets import Loss, LossKind, admit, batch_ranges, data_loss, from_json, to_json, total
+from pybk.spark.options import LATEST, Positions
 from pybk.spark.plan import EntryRange
 
 
@@ -54,3 +55,25 @@ def test_offsets_never_move_backwards_and_first_entry_applies_to_new_ledgers():
     assert admit({1: 10}, {}, 5) == {1: 10}
     assert admit({}, {4: 9}, None, first_entry=5) == {4: 9}
     assert batch_ranges({}, {4: 9}, 100, first_entry=5) == [EntryRange(4, 5, 8)]
+
+
+def test_ledgers_found_later_start_where_the_options_say_and_replays_plan_the_same():
+    starting = Positions(LATEST, ((7, 3), (8, LATEST)))
+    end = admit({1: 5}, {1: 9, 7: 10, 8: 4, 9: 2}, None, starting)
+    assert end == {1: 9, 7: 10, 8: 4, 9: 2}
+    # 7: its entry id; 8 (latest) and 9 (default latest): found after the start, so all of it is new
+    assert batch_ranges({1: 5}, end, 100, starting) == [
+        EntryRange(1, 5, 8), EntryRange(7, 3, 9), EntryRange(8, 0, 3), EntryRange(9, 0, 1)]
+    assert batch_ranges({1: 5}, end, 100, starting, min_partitions=6) == batch_ranges({1: 5}, end, 100, starting, 6)
+    assert len(batch_ranges({1: 5}, end, 100, starting, min_partitions=6)) >= 6
+
+
+def test_data_loss_is_a_deleted_ledger_or_a_readable_end_that_moved_back():
+    start = {1: 5, 2: 7, 3: 0}
+    assert data_loss(start, {1: 9, 2: 7, 3: 0, 4: 1}, {1: 9, 2: 7}) == []
+    losses = data_loss(start, {1: 9, 3: 0}, {2: 10})
+    assert losses == [Loss(2, LossKind.DELETED, 7)]
+    msg = losses[0].message()
+    assert msg.startswith("data loss: ledger 2 was deleted") and "failOnDataLoss=false" in msg
+    shortened = data_loss({1: 5}, {1: 4}, {1: 9})
+    assert shortened == [Loss(1, LossKind.SHORTENED, 5, 3)] and "up to entry 3" in shortened[0].message()

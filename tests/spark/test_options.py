@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from pybk.entry import DigestType
-from pybk.spark.options import (DEFAULT_ENTRIES_PER_PARTITION, LedgerSelection, OptionError,
-                                ReadOptions, WriteOptions, parse_ledgers)
+from pybk.spark.options import (DEFAULT_ENTRIES_PER_PARTITION, EARLIEST, LATEST, LedgerSelection,
+                                OnUnauthorized, OptionError, Positions, ReadOptions, Selector,
+                                READ_OPTIONS, WriteOptions, parse_ledgers)
 
 URI = "etcd://127.0.0.1:2379/pybk"
 
@@ -23,6 +24,8 @@ def test_ledger_lists_ranges_open_ranges_and_all_parse():
 
 @pytest.mark.parametrize("text, words", [
     ("1,x", "'x' is not a ledger id"),
+    ("metadata.stream", "not a metadata selector"),
+    ("metadata.=x", "not a metadata selector"),
     ("5-2", "ends before it starts"),
     ("", "is empty"),
     ("-3", "is not a ledger id"),
@@ -36,16 +39,16 @@ def test_bad_ledger_syntax_is_a_clear_error(text, words):
 
 def test_read_options_defaults_and_values():
     o = ReadOptions.parse({"metadataServiceUri": URI, "ledgers": "4"})
-    assert o.ledgers.ids() == [4] and o.start_entry == 0 and o.end_entry is None
+    assert o.ledgers.ids() == [4] and o.starting == Positions(EARLIEST) and o.ending == Positions(LATEST)
     assert o.entries_per_partition == DEFAULT_ENTRIES_PER_PARTITION
     assert not o.include_metadata and o.password == b"" and o.max_entries_per_trigger is None
     o = ReadOptions.parse({"METADATASERVICEURI": URI, "Ledgers": "1-3", "startEntry": "5",
                            "endEntry": "9", "entriesPerPartition": "2", "includeMetadata": "TRUE",
-                           "password": "pw", "maxEntriesPerTrigger": "7",
-                           "startingPosition": "latest"})
-    assert (o.start_entry, o.end_entry, o.entries_per_partition) == (5, 9, 2)
+                           "password": "pw", "maxEntriesPerTrigger": "7"})
+    assert (o.starting, o.ending, o.entries_per_partition) == (Positions(5), Positions(10), 2)
     assert o.include_metadata and o.password == b"pw" and o.max_entries_per_trigger == 7
-    assert o.starting_position == "latest"
+    assert o.fail_on_data_loss and o.on_unauthorized is OnUnauthorized.FAIL and o.min_partitions == 1
+    assert ReadOptions.parse({"metadataServiceUri": URI, "startingPosition": "latest"}).starting == Positions(LATEST)
     assert ReadOptions.parse({"metadataServiceUri": URI}).ledgers.all
     assert ReadOptions.parse({"metadataServiceUri": URI, "path": "2,3"}).ledgers.ids() == [2, 3]
 
@@ -60,6 +63,20 @@ def test_read_options_defaults_and_values():
     ({"metadataServiceUri": URI, "includeMetadata": "maybe"}, "not a boolean"),
     ({"metadataServiceUri": URI, "ledger": "1"}, "unknown option.*ledger"),
     ({"metadataServiceUri": URI, "startingPosition": "middle"}, "earliest"),
+    ({"metadataServiceUri": URI, "startingOffsets": "{12: 1}"}, "option startingOffsets: '{12: 1}' is not"),
+    ({"metadataServiceUri": URI, "startingOffsets": '{"12": "x"}'}, "startingOffsets: '12': 'x'"),
+    ({"metadataServiceUri": URI, "startingOffsets": '{"12": -3}'}, "startingOffsets"),
+    ({"metadataServiceUri": URI, "startingOffsets": "[1]"}, "must be a JSON object"),
+    ({"metadataServiceUri": URI, "endingOffsets": "earliest"}, "endingOffsets.*not an ending position"),
+    ({"metadataServiceUri": URI, "endingOffsets": '{"3": -2}'}, "not an ending position"),
+    ({"metadataServiceUri": URI, "startEntry": "1", "startingOffsets": "latest"}, "startEntry and startingOffsets"),
+    ({"metadataServiceUri": URI, "endEntry": "1", "endingOffsets": "latest"}, "endEntry and endingOffsets"),
+    ({"metadataServiceUri": URI, "minPartitions": "0"}, "minPartitions"),
+    ({"metadataServiceUri": URI, "failOnDataLoss": "perhaps"}, "failOnDataLoss"),
+    ({"metadataServiceUri": URI, "onUnauthorized": "ignore"}, "onUnauthorized: 'ignore' must be"),
+    ({"metadataServiceUri": URI, "passwords": "pw"}, "option passwords is not JSON"),
+    ({"metadataServiceUri": URI, "passwords": '{"x": "pw"}'}, "neither a ledger id nor a selector"),
+    ({"metadataServiceUri": URI, "passwords": '{"3": 7}'}, "must be a JSON string"),
 ])
 def test_bad_read_options_are_clear_errors(options, words):
     with pytest.raises(OptionError, match=words):
@@ -98,3 +115,56 @@ def test_security_options_are_file_names_shipped_with_the_plan():
 def test_a_client_certificate_without_its_key_is_refused_naming_both_options():
     with pytest.raises(OptionError, match="tls_cert and tls_key go together"):
         ReadOptions.parse({"metadataServiceUri": URI, "tls_ca": "/s/ca.crt", "tls_cert": "/s/c"})
+
+
+def test_metadata_selectors_of_one_key_are_alternatives_and_keys_and_ids_must_all_hold():
+    sel = parse_ledgers("metadata.stream=orders, metadata.stream=refunds,metadata.region=eu")
+    assert sel.all and 10**9 in sel
+    assert sel.selectors == (Selector("stream", "orders"), Selector("stream", "refunds"), Selector("region", "eu"))
+    assert sel.matches({"stream": b"orders", "region": b"eu"})
+    assert sel.matches({"stream": b"refunds", "region": b"eu", "other": b"\xff"})
+    assert not sel.matches({"stream": b"orders"})                      # region missing
+    assert not sel.matches({"stream": b"orders ", "region": b"eu"})    # bytes compared exactly
+    assert parse_ledgers("all").matches({}) and parse_ledgers("1").matches({"x": b"y"})
+    both = parse_ledgers("5-9,metadata.team=a")
+    assert both.finite and both.ids() == [5, 6, 7, 8, 9] and not both.matches({"team": b"b"})
+    assert str(both) == "5-9,metadata.team=a" and str(sel).startswith("metadata.stream=orders")
+    assert parse_ledgers("metadata.pybk.spark.job=j-1=x").selectors == (Selector("pybk.spark.job", "j-1=x"),)
+
+
+def test_per_ledger_offsets_resolve_against_the_readable_end():
+    o = ReadOptions.parse({"metadataServiceUri": URI, "startingOffsets": '{"12": 100, "13": -2, "14": -1}',
+                           "endingOffsets": '{"12": 150}'})
+    s, e = o.starting, o.ending
+    assert [s.resolve(lid, 500) for lid in (12, 13, 14, 15)] == [100, 0, 500, 0]   # 15: not named: earliest
+    assert [e.cap(lid) for lid in (12, 13)] == [150, None]                          # 13: not named: latest
+    assert s.first_of_new(14) == 0 and s.first_of_new(12) == 100    # a ledger found later: all of it is new
+    words = ReadOptions.parse({"metadataServiceUri": URI, "startingOffsets": "LATEST", "endingOffsets": "latest"})
+    assert words.starting == Positions(LATEST) and words.ending == Positions(LATEST)
+    assert words.starting.resolve(3, 40) == 40 and words.starting.first_of_new(3) == 0
+    entries = ReadOptions.parse({"metadataServiceUri": URI, "startEntry": "5", "endEntry": "9"})
+    assert entries.starting.resolve(1, 100) == 5 and entries.ending.cap(1) == 10
+    assert ReadOptions.parse({"metadataServiceUri": URI}).starting.resolve(1, 9) == 0 == EARLIEST + 2
+
+
+def test_passwords_by_id_win_over_selectors_in_their_order_then_password():
+    o = ReadOptions.parse({"metadataServiceUri": URI, "password": "default", "onUnauthorized": "SKIP",
+                           "passwords": '{"7": "seven", "metadata.team=a": "team-a", "metadata.env=prod": "prod"}'})
+    assert o.on_unauthorized is OnUnauthorized.SKIP
+    assert o.password_for(7, {"team": b"a"}) == b"seven"
+    assert o.password_for(8, {"team": b"a", "env": b"prod"}) == b"team-a"
+    assert o.password_for(8, {"env": b"prod"}) == b"prod"
+    assert o.password_for(8, {}) == b"default" and o.password_for(8) == b"default"
+    assert o.with_password(8, b"found").password_for(8) == b"found"   # what planning resolved wins
+
+
+def test_docs_option_tables_list_exactly_the_read_options():
+    import re
+    from pathlib import Path
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "spark.md").read_text()
+    reading = text[text.index("## Reading"):text.index("## Writing")]
+    documented = {name.lower() for row in re.findall(r"^\| ([^|]+) \|", reading, re.M)
+                  for name in re.findall(r"`(\w+)`", row)}
+    documented.discard("option")
+    assert documented == set(READ_OPTIONS) - {"path"}, documented ^ (set(READ_OPTIONS) - {"path"})
+    assert 'load("1,2")' in reading  # path
