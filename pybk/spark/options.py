@@ -48,7 +48,11 @@ WRITE_OPTIONS = {
     "ackquorum": "acks before an entry counts as written, Qa (default 2)",
     "digesttype": "'crc32c' (default) or 'mac'",
     "password": READ_OPTIONS["password"],
-    "jobid": "id recorded in every written ledger's custom metadata (default: a new UUID)",
+    "jobid": "id recorded in every written ledger's custom metadata (default: a new UUID; "
+             "not for streams, whose micro-batches are jobs '<query id>.<batch id>')",
+    "checkpointlocation": "streaming: Spark's checkpoint directory (Spark passes it on; the sink "
+                          "does not use it)",
+    "queryname": "streaming: the query's name (Spark passes it on; the sink does not use it)",
     "path": "ignored",
     **SECURITY_OPTIONS,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
@@ -50,8 +50,9 @@ def _partition_id() -> int:
 
 
 async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa.RecordBatch],
-                           partition: int) -> LedgerWritten:
-    """Write one partition's payloads into a new ledger and close it; delete it on failure."""
+                           partition: int, tags: Mapping[str, bytes] | None = None) -> LedgerWritten:
+    """Write one partition's payloads into a new ledger and close it; delete it on failure.
+    tags: the ledger's custom metadata (default: the job id and partition)."""
     bk = await client(opts.metadata_uri, opts.security)
     handle = None
     written = 0
@@ -69,7 +70,8 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
                 handle = await bk.create_ledger(
                     ensemble=opts.ensemble_size, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, digest=opts.digest_type, password=opts.password,
-                    metadata={JOB_KEY: opts.job_id.encode(), PARTITION_KEY: str(partition).encode()})
+                    metadata=dict(tags) if tags is not None else
+                    {JOB_KEY: opts.job_id.encode(), PARTITION_KEY: str(partition).encode()})
             for payload in values:
                 pending.append(handle.add_entry_async(payload))
                 if len(pending) >= WRITE_WINDOW:
