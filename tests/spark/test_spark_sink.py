@@ -10,11 +10,13 @@ import logging
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from pybk.meta.jobs import JobOutcome, JobRecord
 from pybk.spark.commit import JOB_KEY, WriteState, state_of
-from pybk.spark.options import WriteOptions
+from pybk.spark.options import OptionError, WriteOptions
 from pybk.spark.runtime import run
+from pybk.spark.source import LedgerDataSource
 from pybk.spark.sink import (BATCH_KEY, QUERY_KEY, LedgerStreamWriter, MicroBatchWritten,
                              stream_job_id, stream_tags, write_micro_batch_partition)
 from pybk.spark.writer import LedgerWritten, job_ledgers
@@ -28,12 +30,8 @@ ENTRIES, PER_BATCH, FAILING = 40, 10, 1  # batch FAILING fails once (in its last
 
 async def ledgers_tagged(bk, key: str, value: str) -> dict[int, dict[str, bytes]]:
     """{ledger_id: custom metadata} of every ledger whose custom metadata has key = value."""
-    out = {}
-    async for lid in bk.list_ledgers():
-        custom = (await bk.ledger_metadata(lid)).custom
-        if custom.get(key) == value.encode():
-            out[lid] = custom
-    return out
+    return {md.ledger_id: md.custom async for md in bk.store.ledgers.list_metadata()
+            if md.custom.get(key) == value.encode()}
 
 
 async def entries_of(bk, ledger_id: int) -> list[bytes]:
@@ -58,7 +56,6 @@ async def test_stream_restarted_after_a_failed_batch_stores_every_row_once(spark
 
     def start():
         from pyspark.sql import functions as F
-        from pyspark.sql.types import BinaryType
         df = (spark.readStream.format("pybk").option("metadataServiceUri", uri)
               .option("ledgers", str(source_ledger)).option("password", PW.decode())
               .option("maxEntriesPerTrigger", str(PER_BATCH)).option("entriesPerPartition", "4").load())
@@ -143,3 +140,15 @@ async def test_a_batch_committed_in_pybk_is_not_written_twice_on_replay(cluster,
     assert await entries_of(bk, first.written.ledger_id) == rows
     assert any(f"batch {batch} was already committed in pybk" in r.getMessage()
                and str(lh.ledger_id) in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("options, overwrite, error", [
+    ({"jobId": "mine"}, False, "option jobId is for batch writes: a stream names each micro-batch's job"),
+    ({}, True, r"pybk ledgers are append-only: use outputMode\('append'\)"),
+    ({"checkpointLocation": "/tmp/c", "queryName": "q", "ensembleSze": "3"}, False,
+     "unknown option.*: ensemblesze;"),
+])
+def test_stream_writer_refuses_what_it_cannot_do_exactly_once(options, overwrite, error):
+    source = LedgerDataSource({"metadataServiceUri": "etcd://127.0.0.1:1/nowhere", **options})
+    with pytest.raises(OptionError, match=error):
+        source.streamWriter(StructType([StructField("payload", BinaryType())]), overwrite)
