@@ -19,7 +19,7 @@ from pybk.spark.runtime import run
 from pybk.spark.source import LedgerDataSource
 from pybk.spark.sink import (BATCH_KEY, QUERY_KEY, LedgerStreamWriter, MicroBatchWritten,
                              stream_job_id, stream_tags, write_micro_batch_partition)
-from pybk.spark.writer import LedgerWritten, job_ledgers
+from pybk.spark.writer import LedgerWritten
 import test_spark_source
 from test_spark_source import PW, in_thread, payload, write_ledger
 
@@ -134,7 +134,7 @@ async def test_a_batch_committed_in_pybk_is_not_written_twice_on_replay(cluster,
         await asyncio.to_thread(commit, [MicroBatchWritten(query_id, batch, LedgerWritten(0, lh.ledger_id, 1)),
                                          late])
     assert await bk.store.jobs.get(job_id) == decided
-    assert await job_ledgers(uri, job_id) == {0: first.written.ledger_id}
+    assert set(await ledgers_tagged(bk, JOB_KEY, job_id)) == {first.written.ledger_id}
     kept = await bk.ledger_metadata(first.written.ledger_id)
     assert kept.custom[JOB_KEY] == job_id.encode() and state_of(kept.custom) is WriteState.COMMITTED
     assert await entries_of(bk, first.written.ledger_id) == rows
