@@ -65,19 +65,25 @@ async def test_stream_restarted_after_a_failed_batch_stores_every_row_once(spark
                 .option("password", PW.decode()).option("checkpointLocation", str(tmp_path / "ckpt"))
                 .trigger(availableNow=True).start())
 
-    first = await in_thread(spark, start)
-    with pytest.raises(Exception, match=f"injected failure in batch {FAILING}"):
-        await in_thread(spark, first.awaitTermination, 300)
-    query_id = first.id
+    async def run_once(expect_failure: bool):
+        query = await in_thread(spark, start)
+        try:
+            if expect_failure:
+                with pytest.raises(Exception, match=f"injected failure in batch {FAILING}"):
+                    await in_thread(spark, query.awaitTermination, 300)
+            else:
+                assert await in_thread(spark, query.awaitTermination, 300) is True
+        finally:
+            await in_thread(spark, query.stop)  # a query that overran must not outlive the test
+        return query.id
+
+    query_id = await run_once(expect_failure=True)
     for batch in range(FAILING + 1):  # the batches before are committed; the failed one is undecided
         record = await bk.store.jobs.get(stream_job_id(query_id, batch))
         assert (record.outcome if record else None) is (JobOutcome.COMMITTED if batch < FAILING else None)
     # what a task attempt killed mid-write leaves behind: an open, pending ledger of the failed batch
     stray = await write_ledger(bk, 3, close=False, **stream_tags(query_id, FAILING, 1))
-
-    second = await in_thread(spark, start)     # restart from the same checkpoint
-    assert await in_thread(spark, second.awaitTermination, 300) is True
-    assert second.id == query_id
+    assert await run_once(expect_failure=False) == query_id  # restarted from the same checkpoint
 
     batches = ENTRIES // PER_BATCH
     records = {b: await bk.store.jobs.get(stream_job_id(query_id, b)) for b in range(batches + 1)}
