@@ -111,10 +111,10 @@ async def write_micro_batch_partition(opts: WriteOptions, column: str, batches: 
     if written.ledger_id is not None:
         bk = await client(opts.metadata_uri, opts.security)
         record = await bk.store.jobs.get(job_id)
-        if not late_attempt_keeps(written.ledger_id, record):
+        if record is not None and not late_attempt_keeps(written.ledger_id, record):
             await _delete_quietly(bk, [written.ledger_id], opts.password)
             log.warning("pybk stream %s batch %d: already %s in pybk without ledger %d; deleted it",
-                        query_id, batch_id, record.outcome.value if record else "decided", written.ledger_id)
+                        query_id, batch_id, record.outcome.value, written.ledger_id)
             written = LedgerWritten(partition, None, 0)
     return MicroBatchWritten(query_id, batch_id, written)
 
