@@ -66,10 +66,15 @@ WRITE_OPTIONS = {
     "digesttype": "'crc32c' (default) or 'mac'",
     "password": READ_OPTIONS["password"],
     "jobid": "the write job's id: its record and every written ledger's custom metadata name it; "
-             "1-200 letters, digits, '.', '_', '-', used once (default: a new UUID)",
+             "1-200 letters, digits, '.', '_', '-', used once (default: a new UUID; not for streams, "
+             "whose micro-batches are jobs '<query id>.<batch id>')",
+    "checkpointlocation": "streaming: Spark's checkpoint directory (Spark passes it on; the sink "
+                          "does not use it)",
+    "queryname": "streaming: the query's name (Spark passes it on; the sink does not use it)",
     "path": "ignored",
     **SECURITY_OPTIONS,
 }
+
 
 class OptionError(ValueError):
     """An option of the pybk data source is missing or malformed."""

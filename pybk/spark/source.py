@@ -4,7 +4,7 @@ Planning (which ledgers, how far they are readable) runs in Spark's driver-side 
 (`reader`, `discovery`); each partition is one entry range of one ledger, read straight from the
 bookies by an executor's Python worker and handed to Spark as Arrow record batches (`scan`).
 Readers open ledgers without recovery, so an open ledger is read up to its LAC and its writer is
-never fenced. Writes go through `writer`. Spark calls all of them synchronously: `runtime` runs
+never fenced. Writes go through `writer`, streaming writes through `sink`. Spark calls all of them synchronously: `runtime` runs
 the asyncio client on one event loop per Python worker process.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from .options import OptionError, ReadOptions, WriteOptions
 from .reader import LedgerBatchReader, LedgerStreamReader
 from .runtime import with_credentials
 from .schema import spark_schema
+from .sink import LedgerStreamWriter
 from .writer import LedgerWriter, payload_column
-
 
 
 class LedgerDataSource(DataSource):
@@ -41,7 +41,18 @@ class LedgerDataSource(DataSource):
             return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
-        opts = with_credentials(WriteOptions.parse(self.options))
-        if overwrite:
-            raise OptionError("pybk ledgers are append-only: use mode('append')")
-        return LedgerWriter(opts, payload_column(schema))
+        with cause_first():
+            opts = with_credentials(WriteOptions.parse(self.options))
+            if overwrite:
+                raise OptionError("pybk ledgers are append-only: use mode('append')")
+            return LedgerWriter(opts, payload_column(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> "LedgerStreamWriter":
+        with cause_first():
+            opts = with_credentials(WriteOptions.parse(self.options))
+            if overwrite:
+                raise OptionError("pybk ledgers are append-only: use outputMode('append')")
+            if any(str(k).lower() == "jobid" for k in self.options):
+                raise OptionError("option jobId is for batch writes: a stream names each micro-batch's "
+                                  "job '<query id>.<batch id>'")
+            return LedgerStreamWriter(opts, payload_column(schema))

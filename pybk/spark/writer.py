@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
@@ -68,10 +68,11 @@ def _password_delete(bk, password: bytes) -> gc.Delete:
 
 
 async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa.RecordBatch],
-                           partition: int) -> LedgerWritten:
+                           partition: int, tags: Mapping[str, bytes] | None = None) -> LedgerWritten:
     """Write one partition's payloads into a new, pending ledger and close it; delete it on failure,
     and also when the job was decided without it meanwhile (an attempt that outlived the abort or
-    lost to another attempt: `commit.late_attempt_keeps`)."""
+    lost to another attempt: `commit.late_attempt_keeps`). tags: the ledger's custom metadata
+    (default `commit.pending_tags` of the job and partition; the streaming sink adds its own)."""
     bk = await client(opts.metadata_uri, opts.security)
     handle = None
     written = 0
@@ -89,7 +90,7 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
                 handle = await bk.create_ledger(
                     ensemble=opts.ensemble_size, write_quorum=opts.write_quorum,
                     ack_quorum=opts.ack_quorum, digest=opts.digest_type, password=opts.password,
-                    metadata=commit.pending_tags(opts.job_id, partition))
+                    metadata=dict(tags) if tags is not None else commit.pending_tags(opts.job_id, partition))
             for payload in values:
                 pending.append(handle.add_entry_async(payload))
                 if len(pending) >= WRITE_WINDOW:
@@ -126,31 +127,43 @@ async def _delete_quietly(bk, ledger_id: int, password: bytes) -> None:
 
 
 async def _resolve(opts: WriteOptions) -> WriteOptions:
-    """Driver side, once: the job id must be new, and E/Qw/Qa not given come from the cluster's
-    stored ledger defaults (else `options.FALLBACK_GEOMETRY`)."""
+    """Driver side, once: the job id must be new, and E/Qw/Qa come from `with_cluster_defaults`."""
     bk = await client(opts.metadata_uri, opts.security)
     record = await bk.store.jobs.get(opts.job_id)
     if record is not None:
         raise OptionError(f"option jobId: job {opts.job_id} was already {record.outcome.value}; "
                           "a job id is used once: give a new jobId (or none for a new UUID)")
+    return await with_cluster_defaults(opts)
+
+
+async def with_cluster_defaults(opts: WriteOptions) -> WriteOptions:
+    """opts with the E/Qw/Qa not given taken from the cluster's stored ledger defaults (else
+    `options.FALLBACK_GEOMETRY`)."""
+    bk = await client(opts.metadata_uri, opts.security)
     stored = await bk.store.cluster.ledger_defaults()
     e, qw, qa = opts.geometry(stored.geometry() if stored else None)
     return replace(opts, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
 
 
-async def _decide(opts: WriteOptions, record: JobRecord, seen: list[int]) -> tuple[JobRecord, list[int]]:
+async def decide(opts: WriteOptions, record: JobRecord, seen: list[int]) -> tuple[JobRecord, list[int]]:
     """Decide the job (create-once), then settle its ledgers by the record that stands; returns
-    it and the ledgers deleted. Settling is a clean-up: if it fails, the outcome stands and the
-    garbage collector finishes it (warned)."""
+    it and the ledgers deleted."""
     bk = await client(opts.metadata_uri, opts.security)
     stored = await bk.store.jobs.decide(record)
+    return stored, await settle(opts, stored, seen)
+
+
+async def settle(opts: WriteOptions, record: JobRecord, seen: list[int]) -> list[int]:
+    """Settle the job's ledgers by record (`gc.settle`); returns the ledgers deleted. Settling is a
+    clean-up: if it fails, the outcome stands and the garbage collector finishes it (warned)."""
+    bk = await client(opts.metadata_uri, opts.security)
     try:
-        _, deleted = await gc.settle(bk.store, stored, _password_delete(bk, opts.password), seen)
+        _, deleted = await gc.settle(bk.store, record, _password_delete(bk, opts.password), seen)
+        return deleted
     except Exception as exc:
         log.warning("pybk write job %s is %s, but settling its ledgers failed (the garbage collector, "
-                    "`pybk shell gc-jobs`, finishes it): %s", opts.job_id, stored.outcome.value, exc)
-        deleted = []
-    return stored, deleted
+                    "`pybk shell gc-jobs`, finishes it): %s", record.job_id, record.outcome.value, exc)
+        return []
 
 
 class LedgerWriter(DataSourceArrowWriter):
@@ -170,7 +183,7 @@ class LedgerWriter(DataSourceArrowWriter):
     def commit(self, messages: list[LedgerWritten | None]) -> None:
         ledgers = {m.partition: m.ledger_id for m in messages if m is not None and m.ledger_id is not None}
         want = JobRecord(self.opts.job_id, JobOutcome.COMMITTED, frozenset(ledgers.values()))
-        stored, deleted = run(_decide(self.opts, want, list(ledgers.values())))
+        stored, deleted = run(decide(self.opts, want, list(ledgers.values())))
         if stored.outcome is not JobOutcome.COMMITTED or stored.ledgers != want.ledgers:
             raise JobAlreadyDecidedError(
                 f"pybk write job {self.opts.job_id} was already {stored.outcome.value} (by `pybk shell gc-jobs` or "
@@ -184,7 +197,7 @@ class LedgerWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[LedgerWritten | None]) -> None:
         ids = [m.ledger_id for m in messages if m is not None and m.ledger_id is not None]
-        stored, deleted = run(_decide(self.opts, JobRecord(self.opts.job_id, JobOutcome.ABORTED), ids))
+        stored, deleted = run(decide(self.opts, JobRecord(self.opts.job_id, JobOutcome.ABORTED), ids))
         log.warning("pybk write job %s aborted%s; deleted ledger(s): %s", self.opts.job_id,
                     "" if stored.outcome is JobOutcome.ABORTED else f" (its record says {stored.outcome.value})",
                     ", ".join(map(str, deleted)) or "none")
