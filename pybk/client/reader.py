@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from itertools import accumulate
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 from pybk.bookie.client import Status
-from pybk.entry import DigestMismatch, decode
+from pybk.entry import HEADER_SIZE, DigestMismatch, decode, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
 from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestMismatchError,
                      NoSuchEntryError, UnauthorizedError, status_of)
 from .quorum import fencing_complete
-from .types import LedgerEntry
+from .types import EntryChunk, LedgerEntry
 
 if TYPE_CHECKING:
     from .bookkeeper import BookKeeper
@@ -103,33 +104,52 @@ def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, B
 
 
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
-                        step: int = 1) -> list[bytes]:
-    """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all); stops
-    early, with fewer payloads, on any error or corrupt entry, or when the bookie is slow to
-    start answering (the caller then reads the rest from other replicas)."""
+                        step: int = 1) -> list[tuple[bytes, list[int]]]:
+    """Entries a, a+step, ... <= b streamed from one bookie (which holds them all), verified, as
+    its answers came: (bodies back to back, their sizes) each. Stops early, with fewer entries,
+    on any error or corrupt entry, or when the bookie is slow to start answering (the caller
+    then reads the rest from other replicas)."""
     opts = bk.options
-    out: list[bytes] = []
+    out: list[tuple[bytes, list[int]]] = []
+    got = 0
     stream = None
     count = (b - a) // step + 1
     try:
         c = await _client(bk, bookie)
-        stream = c.read_range(md.ledger_id, a, b, step)
-        eid, body = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
+        stream = c.read_packed(md.ledger_id, a, b, step)
+        first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
-            while True:
-                if eid != a + len(out) * step:
+            while first == a + got * step:
+                sizes = sizes[:count - got]
+                n, bad = verify_packed(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
+                if n:
+                    out.append((bodies, sizes if n == len(sizes) else sizes[:n]))
+                    got += n
+                if bad is not None:
+                    bk.digest_mismatches += 1
+                    log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
+                                md.ledger_id, first + n * step, bookie, bad)
                     break
-                out.append(_verify(bk, md, password, bookie, eid, body))
-                if len(out) == count:
+                if got == count:
                     break
-                eid, body = await stream.__anext__()
+                first, bodies, sizes = await stream.__anext__()
     except (Exception, TimeoutError) as e:
-        if not isinstance(e, DigestMismatch):
-            log.info("ledger %d: range read %d..%d from %s stopped at %d: %r", md.ledger_id, a, b,
-                     bookie, a + len(out), e)
+        log.info("ledger %d: range read %d..%d from %s stopped at %d: %r", md.ledger_id, a, b,
+                 bookie, a + got * step, e)
     finally:
         if stream is not None:
             await stream.aclose()
+    return out
+
+
+def _payloads(pieces: list[tuple[bytes, list[int]]], skip: int) -> list[bytes]:
+    """The payloads of _stream_chunk's pieces, one bytes each."""
+    out = []
+    for bodies, sizes in pieces:
+        pos = 0
+        for size in sizes:
+            out.append(bodies[pos + skip:pos + size])
+            pos += size
     return out
 
 
@@ -145,10 +165,21 @@ def check_range(ledger_id: int, first: int, last: int, limit: int, closed: bool)
 
 async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
                        last: int) -> AsyncIterator[LedgerEntry]:
-    """Entries first..last in order. Whole-copy ensembles (E = Qw) stream ranges from one
-    replica per chunk; striped ones stream every bookie's share at once (_read_striped);
-    short ranges are read entry by entry, a window at a time."""
+    """Entries first..last in order (read_chunks, one entry at a time)."""
+    async for chunk in read_chunks(bk, md, password, first, last):
+        for entry in chunk.entries():
+            yield entry
+
+
+async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
+                      last: int) -> AsyncIterator[EntryChunk]:
+    """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
+    ensembles (E = Qw) stream ranges from one replica per CHUNK entries, each answer of the
+    bookie (its bodies in one buffer) becoming one chunk as it is; striped ones stream every
+    bookie's share at once (_read_striped); short ranges are read entry by entry, a window at
+    a time."""
     lid = md.ledger_id
+    skip = HEADER_SIZE + md.digest_type.size
     chunk_no = 0
     for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
@@ -157,20 +188,38 @@ async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fi
                 b = min(b0, a + CHUNK - 1)
                 bookie = ensemble[(chunk_no + a) % len(ensemble)]
                 chunk_no += 1
-                got = await _stream_chunk(bk, md, password, a, b, bookie)
-                for i, data in enumerate(got):
-                    yield LedgerEntry(lid, a + i, data)
-                a += len(got)
+                for bodies, sizes in await _stream_chunk(bk, md, password, a, b, bookie):
+                    yield EntryChunk(lid, a, bodies, [0, *accumulate(sizes)], skip)
+                    a += len(sizes)
                 if a <= b:  # the rest of this chunk entry by entry, with failover
-                    async for e in _read_each(bk, md, password, a, b, ensemble, avoid=bookie):
-                        yield e
+                    async for c in _grouped(lid, _read_each(bk, md, password, a, b, ensemble, avoid=bookie)):
+                        yield c
                     a = b + 1
         elif b0 - a0 >= STREAM_MIN - 1:
-            async for e in _read_striped(bk, md, password, a0, b0, ensemble):
-                yield e
+            async for c in _grouped(lid, _read_striped(bk, md, password, a0, b0, ensemble)):
+                yield c
         else:
-            async for e in _read_each(bk, md, password, a0, b0, ensemble):
-                yield e
+            async for c in _grouped(lid, _read_each(bk, md, password, a0, b0, ensemble)):
+                yield c
+
+
+async def _grouped(ledger_id: int, entries: AsyncIterator[LedgerEntry]) -> AsyncIterator[EntryChunk]:
+    """Consecutive entries as chunks of up to CHUNK; on an error, the entries before it first."""
+    first, payloads = 0, []
+    try:
+        async for e in entries:
+            if not payloads:
+                first = e.entry_id
+            payloads.append(e.data)
+            if len(payloads) >= CHUNK:
+                yield EntryChunk.of_payloads(ledger_id, first, payloads)
+                payloads = []
+    except Exception:
+        if payloads:
+            yield EntryChunk.of_payloads(ledger_id, first, payloads)
+        raise
+    if payloads:
+        yield EntryChunk.of_payloads(ledger_id, first, payloads)
 
 
 async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a0: int, b0: int,
@@ -185,8 +234,9 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = await asyncio.gather(*(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n)
-                                     for i in range(n)))
+        skip = HEADER_SIZE + md.digest_type.size
+        got = [_payloads(pieces, skip) for pieces in await asyncio.gather(
+            *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]
         rest = _read_each_of(bk, md, password, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None
         try:
