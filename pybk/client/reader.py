@@ -174,8 +174,9 @@ async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fi
 async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
                       last: int) -> AsyncIterator[EntryChunk]:
     """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
-    ensembles (E = Qw) stream ranges from one replica per CHUNK entries, each answer of the
-    bookie (its bodies in one buffer) becoming one chunk as it is; striped ones stream every
+    ensembles (E = Qw) stream ranges from one replica per CHUNK entries (what it did not deliver
+    from the next replica), each answer of the bookie (its bodies in one buffer) becoming one
+    chunk as it is; striped ones stream every
     bookie's share at once (_read_striped); short ranges are read entry by entry, a window at
     a time."""
     lid = md.ledger_id
@@ -186,12 +187,18 @@ async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fir
             a = a0
             while a <= b0:
                 b = min(b0, a + CHUNK - 1)
-                bookie = ensemble[(chunk_no + a) % len(ensemble)]
+                first_choice = (chunk_no + a) % len(ensemble)
                 chunk_no += 1
-                for bodies, sizes in await _stream_chunk(bk, md, password, a, b, bookie):
-                    yield EntryChunk(lid, a, bodies, [0, *accumulate(sizes)], skip)
-                    a += len(sizes)
-                if a <= b:  # the rest of this chunk entry by entry, with failover
+                # the rest of a chunk a replica did not deliver (it lags behind, failed, or holds a
+                # corrupt entry) is streamed from the next replica, as a range again
+                for k in range(len(ensemble)):
+                    bookie = ensemble[(first_choice + k) % len(ensemble)]
+                    for bodies, sizes in await _stream_chunk(bk, md, password, a, b, bookie):
+                        yield EntryChunk(lid, a, bodies, [0, *accumulate(sizes)], skip)
+                        a += len(sizes)
+                    if a > b:
+                        break
+                if a <= b:  # no replica streamed the rest: entry by entry, with failover
                     async for c in _grouped(lid, _read_each(bk, md, password, a, b, ensemble, avoid=bookie)):
                         yield c
                     a = b + 1
