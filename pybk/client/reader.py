@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from itertools import accumulate
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 from pybk.bookie.client import Status
-from pybk.entry import HEADER_SIZE, DigestMismatch, decode, verify_packed
+from pybk.entry import DigestMismatch, decode, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybk.client")
 
-CHUNK = 512       # entries per streamed range read
+CHUNK = 2048      # entries per streamed range read (one gRPC call)
 WINDOW = 64       # per-entry reads in flight (striped ensembles, short ranges, fallbacks)
 STREAM_MIN = 16   # shorter ranges are read entry by entry (speculative reads, lowest latency)
 
@@ -104,13 +103,13 @@ def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, B
 
 
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
-                        step: int = 1) -> list[tuple[bytes, list[int]]]:
-    """Entries a, a+step, ... <= b streamed from one bookie (which holds them all), verified, as
-    its answers came: (bodies back to back, their sizes) each. Stops early, with fewer entries,
-    on any error or corrupt entry, or when the bookie is slow to start answering (the caller
-    then reads the rest from other replicas)."""
+                        step: int = 1) -> list[list[bytes]]:
+    """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all), verified,
+    a list per answer of the bookie. Stops early, with fewer entries, on any error or corrupt
+    entry, or when the bookie is slow to start answering (the caller then reads the rest from
+    other replicas)."""
     opts = bk.options
-    out: list[tuple[bytes, list[int]]] = []
+    out: list[list[bytes]] = []
     got = 0
     stream = None
     count = (b - a) // step + 1
@@ -120,15 +119,15 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
         first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
             while first == a + got * step:
-                sizes = sizes[:count - got]
-                n, bad = verify_packed(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
-                if n:
-                    out.append((bodies, sizes if n == len(sizes) else sizes[:n]))
-                    got += n
+                payloads, bad = verify_packed(bodies, sizes[:count - got], first, step, md.ledger_id,
+                                              md.digest_type, password)
+                if payloads:
+                    out.append(payloads)
+                    got += len(payloads)
                 if bad is not None:
                     bk.digest_mismatches += 1
                     log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
-                                md.ledger_id, first + n * step, bookie, bad)
+                                md.ledger_id, first + len(payloads) * step, bookie, bad)
                     break
                 if got == count:
                     break
@@ -139,17 +138,6 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     finally:
         if stream is not None:
             await stream.aclose()
-    return out
-
-
-def _payloads(pieces: list[tuple[bytes, list[int]]], skip: int) -> list[bytes]:
-    """The payloads of _stream_chunk's pieces, one bytes each."""
-    out = []
-    for bodies, sizes in pieces:
-        pos = 0
-        for size in sizes:
-            out.append(bodies[pos + skip:pos + size])
-            pos += size
     return out
 
 
@@ -176,11 +164,9 @@ async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fir
     """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
     ensembles (E = Qw) stream ranges from one replica per CHUNK entries (what it did not deliver
     from the next replica), each answer of the bookie (its bodies in one buffer) becoming one
-    chunk as it is; striped ones stream every
-    bookie's share at once (_read_striped); short ranges are read entry by entry, a window at
-    a time."""
+    chunk; striped ones stream every bookie's share at once (_read_striped); short ranges are
+    read entry by entry, a window at a time."""
     lid = md.ledger_id
-    skip = HEADER_SIZE + md.digest_type.size
     chunk_no = 0
     for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
@@ -193,9 +179,9 @@ async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fir
                 # corrupt entry) is streamed from the next replica, as a range again
                 for k in range(len(ensemble)):
                     bookie = ensemble[(first_choice + k) % len(ensemble)]
-                    for bodies, sizes in await _stream_chunk(bk, md, password, a, b, bookie):
-                        yield EntryChunk(lid, a, bodies, [0, *accumulate(sizes)], skip)
-                        a += len(sizes)
+                    for payloads in await _stream_chunk(bk, md, password, a, b, bookie):
+                        yield EntryChunk.of_payloads(lid, a, payloads)
+                        a += len(payloads)
                     if a > b:
                         break
                 if a <= b:  # no replica streamed the rest: entry by entry, with failover
@@ -241,8 +227,7 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        skip = HEADER_SIZE + md.digest_type.size
-        got = [_payloads(pieces, skip) for pieces in await asyncio.gather(
+        got = [[p for payloads in pieces for p in payloads] for pieces in await asyncio.gather(
             *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]
         rest = _read_each_of(bk, md, password, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None

@@ -16,16 +16,15 @@ class LedgerEntry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class EntryChunk:
-    """Consecutive entries first_entry_id, first_entry_id + 1, ... of one ledger, verified, in one
-    buffer: entry i's payload is buffer[offsets[i] + skip : offsets[i + 1]]. `skip` is the bytes
-    in front of each payload (the entry header and digest as the bookies sent them; 0 when the
-    buffer holds bare payloads). What bulk readers take instead of one object per entry."""
+    """Consecutive entries first_entry_id, first_entry_id + 1, ... of one ledger, verified, with
+    their payloads back to back in one buffer: entry i's payload is buffer[offsets[i]:offsets[i + 1]].
+    What bulk readers take instead of one object per entry (an Arrow binary array is built from
+    the buffer and offsets as they are)."""
 
     ledger_id: int
     first_entry_id: int
     buffer: bytes
     offsets: list[int]
-    skip: int = 0
 
     @classmethod
     def of_payloads(cls, ledger_id: int, first_entry_id: int, payloads: list[bytes]) -> "EntryChunk":
@@ -35,8 +34,8 @@ class EntryChunk:
         return len(self.offsets) - 1
 
     def payloads(self) -> list[bytes]:
-        buf, offs, skip = self.buffer, self.offsets, self.skip
-        return [buf[offs[i] + skip:offs[i + 1]] for i in range(len(offs) - 1)]
+        buf, offs = self.buffer, self.offsets
+        return [buf[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
 
     def entries(self) -> Iterator[LedgerEntry]:
         lid, first = self.ledger_id, self.first_entry_id
