@@ -162,32 +162,46 @@ async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fi
 async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
                       last: int) -> AsyncIterator[EntryChunk]:
     """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
-    ensembles (E = Qw) stream ranges from one replica per CHUNK entries (what it did not deliver
-    from the next replica), each answer of the bookie (its bodies in one buffer) becoming one
-    chunk; striped ones stream every bookie's share at once (_read_striped); short ranges are
-    read entry by entry, a window at a time."""
+    ensembles (E = Qw) stream ranges from one replica per CHUNK entries, the next chunk while
+    this one is handed out (what a replica did not deliver, from the next replica), each answer
+    of the bookie (its bodies in one buffer) becoming one chunk; striped ones stream every
+    bookie's share at once (_read_striped); short ranges are read entry by entry, a window at a
+    time."""
     lid = md.ledger_id
     chunk_no = 0
     for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
-            a = a0
-            while a <= b0:
-                b = min(b0, a + CHUNK - 1)
-                first_choice = (chunk_no + a) % len(ensemble)
+            chunks = []
+            for a in range(a0, b0 + 1, CHUNK):
+                chunks.append((a, min(b0, a + CHUNK - 1), (chunk_no + a) % len(ensemble)))
                 chunk_no += 1
-                # the rest of a chunk a replica did not deliver (it lags behind, failed, or holds a
-                # corrupt entry) is streamed from the next replica, as a range again
-                for k in range(len(ensemble)):
-                    bookie = ensemble[(first_choice + k) % len(ensemble)]
-                    for payloads in await _stream_chunk(bk, md, password, a, b, bookie):
-                        yield EntryChunk.of_payloads(lid, a, payloads)
-                        a += len(payloads)
-                    if a > b:
-                        break
-                if a <= b:  # no replica streamed the rest: entry by entry, with failover
-                    async for c in _grouped(lid, _read_each(bk, md, password, a, b, ensemble, avoid=bookie)):
-                        yield c
-                    a = b + 1
+
+            def first_read(i: int) -> asyncio.Task:
+                a, b, choice = chunks[i]
+                return asyncio.ensure_future(_stream_chunk(bk, md, password, a, b, ensemble[choice]))
+
+            ahead = first_read(0)  # the next chunk is read while this one is handed out
+            try:
+                for i, (a, b, choice) in enumerate(chunks):
+                    got = await ahead
+                    ahead = first_read(i + 1) if i + 1 < len(chunks) else None
+                    # the rest of a chunk a replica did not deliver (it lags behind, failed, or
+                    # holds a corrupt entry) is streamed from the next replica, as a range again
+                    for k in range(len(ensemble)):
+                        bookie = ensemble[(choice + k) % len(ensemble)]
+                        if k:
+                            got = await _stream_chunk(bk, md, password, a, b, bookie)
+                        for payloads in got:
+                            yield EntryChunk.of_payloads(lid, a, payloads)
+                            a += len(payloads)
+                        if a > b:
+                            break
+                    if a <= b:  # no replica streamed the rest: entry by entry, with failover
+                        async for c in _grouped(lid, _read_each(bk, md, password, a, b, ensemble, avoid=bookie)):
+                            yield c
+            finally:
+                if ahead is not None and not ahead.done():
+                    ahead.cancel()
         elif b0 - a0 >= STREAM_MIN - 1:
             async for c in _grouped(lid, _read_striped(bk, md, password, a0, b0, ensemble)):
                 yield c
