@@ -17,13 +17,14 @@ import enum
 import hashlib
 import hmac
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import google_crc32c
 
 HEADER = struct.Struct(">QQqQ")
 HEADER_SIZE = HEADER.size  # 32
 _CRC = struct.Struct(">I")
+_HEADER_CRC = struct.Struct(">QQqQI")  # a CRC32C entry's header and digest
 
 
 class DigestType(enum.Enum):
@@ -123,3 +124,45 @@ def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: b
     if not ok:
         raise DigestMismatch(f"entry {h.ledger_id}:{h.entry_id}: {digest_type.value} digest mismatch")
     return h, payload
+
+
+def verify_packed(bodies: bytes, sizes: Sequence[int], first_entry: int, step: int, ledger_id: int,
+                  digest_type: DigestType = DigestType.CRC32C, password: bytes = b""
+                  ) -> tuple[list[bytes], DigestMismatch | None]:
+    """Verify entry bodies packed back to back (entries first_entry, first_entry + step, ...) as
+    decode() does each, in one call: (payloads, None) when all are intact, else (the payloads
+    before the first body that is not, its DigestMismatch)."""
+    crc = digest_type is DigestType.CRC32C
+    payload_start = HEADER_SIZE + digest_type.size
+    value, extend = google_crc32c.value, google_crc32c.extend
+    unpack = _HEADER_CRC.unpack_from if crc else HEADER.unpack_from
+    total = len(bodies)
+    out: list[bytes] = []
+    append = out.append
+    off = 0
+    eid = first_entry
+    for size in sizes:
+        end = off + size
+        if size < payload_start or end > total:
+            return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size} bytes, but the header and digest "
+                                       f"take {payload_start}" if size < payload_start else
+                                       f"entry {ledger_id}:{eid}: the answer holds {total - off} of its {size} bytes")
+        head = unpack(bodies, off)
+        if head[0] != ledger_id or head[1] != eid:
+            return out, DigestMismatch(f"asked for entry {ledger_id}:{eid}, got {head[0]}:{head[1]}")
+        if head[3] < size - payload_start:
+            return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size} bytes, but the header and digest "
+                                       f"take {payload_start} and the ledger length says {head[3]}")
+        payload = bodies[off + payload_start:end]  # google_crc32c takes bytes only (no memoryview)
+        if crc:
+            ok = extend(value(bodies[off:off + HEADER_SIZE]), payload) == head[4]
+        else:
+            mac = hmac.new(password, bodies[off:off + HEADER_SIZE], hashlib.sha256)
+            mac.update(payload)
+            ok = hmac.compare_digest(mac.digest(), bodies[off + HEADER_SIZE:off + payload_start])
+        if not ok:
+            return out, DigestMismatch(f"entry {ledger_id}:{eid}: {digest_type.value} digest mismatch")
+        append(payload)
+        off = end
+        eid += step
+    return out, None

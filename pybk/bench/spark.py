@@ -2,7 +2,13 @@
 
 Starts etcd and bookies on loopback (or uses --metadata-service-uri), writes --size bytes of
 --entry-size entries into --ledgers ledgers with the client, then times a Spark scan that
-touches every payload (sum of payload lengths). Prints MB/s and the exact command.
+touches every payload (count and sum of payload lengths). Prints MB/s and the exact command.
+
+With --vs-parquet, Spark first writes the same rows to a Parquet copy in a temp dir, then the
+pybk scan and the same aggregate over the Parquet copy run alternately in the same session; it
+prints both medians and the ratio pybk / Parquet, which holds up on a noisy shared machine
+where absolute MB/s do not. Every entry has its own random payload, so Parquet can neither
+dictionary-encode nor compress the copy.
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", default="1GiB", help="bytes of payload to scan (default 1GiB; e.g. 64MiB)")
+    parser.add_argument("--size", default=None,
+                        help="bytes of payload to scan (default 1GiB, 256MiB with --vs-parquet; e.g. 64MiB)")
     parser.add_argument("--entry-size", type=int, default=1024, help="payload bytes per entry (default 1024)")
     parser.add_argument("--ledgers", type=int, default=4, help="ledgers to spread the data over (default 4)")
     parser.add_argument("--bookies", type=int, default=3, help="bookies to start (default 3)")
@@ -37,7 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries-per-partition", type=int, default=None,
                         help="the source's entriesPerPartition (default: the source's default)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    parser.add_argument("--runs", type=int, default=2, help="timed scans (default 2; the best is reported)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="timed scans (default 2, the best is reported; with --vs-parquet 5 of each, "
+                             "alternating, medians reported)")
+    parser.add_argument("--vs-parquet", action="store_true",
+                        help="also scan a Parquet copy of the same rows in the same session, alternating "
+                             "with the pybk scans, and print the ratio pybk / Parquet")
+    parser.add_argument("--aggregate", choices=("sum-length", "count"), default="sum-length",
+                        help="what each scan computes: count and sum(length(payload)) (default), or count "
+                             "only (Spark may then skip the payload column)")
     parser.add_argument("--metadata-service-uri", default=None,
                         help="use this running cluster instead of starting one")
     parser.add_argument("--dir", default=None, help="data directory for the started cluster (default: temp)")
@@ -49,7 +64,6 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
     entries = max(1, total // args.entry_size)
     per_ledger = [entries // args.ledgers + (1 if i < entries % args.ledgers else 0)
                   for i in range(args.ledgers)]
-    payload = os.urandom(args.entry_size)
     bk = await BookKeeper.connect(uri)
     started = time.perf_counter()
 
@@ -58,7 +72,7 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
                                     ack_quorum=args.ack_quorum, password=b"")
         window: list = []
         for _ in range(n):
-            window.append(lh.add_entry_async(payload))
+            window.append(lh.add_entry_async(os.urandom(args.entry_size)))
             if len(window) >= 2048:
                 await asyncio.gather(*window)
                 window = []
@@ -73,20 +87,87 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
     return ids, time.perf_counter() - started
 
 
-def _scan(spark, uri: str, ledgers: list[int], args: argparse.Namespace) -> tuple[int, int, float]:
-    from pyspark.sql import functions as F
+def _pybk_frame(spark, uri: str, ledgers: list[int], args: argparse.Namespace):
     r = (spark.read.format("pybk").option("metadataServiceUri", uri)
          .option("ledgers", ",".join(map(str, ledgers))))
     if args.entries_per_partition:
         r = r.option("entriesPerPartition", str(args.entries_per_partition))
+    return r.load()
+
+
+def _scan(df, args: argparse.Namespace) -> tuple[int, int | None, float]:
+    """(rows, sum of payload lengths or None, seconds) of one aggregate over df."""
+    from pyspark.sql import functions as F
     started = time.perf_counter()
-    row = r.load().agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("payload")).alias("b")).collect()[0]
+    if args.aggregate == "count":
+        return df.count(), None, time.perf_counter() - started
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("payload")).alias("b")).collect()[0]
     return int(row["n"]), int(row["b"] or 0), time.perf_counter() - started
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid's child processes, recursively (Linux /proc): the JVM's Python workers."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds of pids, also of their waited-for children (finished Python workers); 0 for
+    processes that are gone."""
+    total = 0.0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+class CpuMeter:
+    """CPU seconds per part (Spark's JVM, its Python workers, the bookies) between two marks:
+    where a scan's time goes."""
+
+    def __init__(self, jvm_pid: int, bookie_pids: list[int]):
+        self.jvm_pid = jvm_pid
+        self.bookie_pids = bookie_pids
+
+    def sample(self) -> dict[str, float]:
+        workers = _descendants(self.jvm_pid)
+        return {"jvm": _cpu([self.jvm_pid]) - _cpu_children(self.jvm_pid), "python": _cpu(workers),
+                "bookies": _cpu(self.bookie_pids)}
+
+
+def _cpu_children(pid: int) -> float:
+    """The waited-for children's part of _cpu([pid])."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in f[13:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
 def run(args: argparse.Namespace) -> int:
     from pybk.spark.session import JavaMissingError, local_session
-    total = _size(args.size)
+    total = _size(args.size or ("256MiB" if args.vs_parquet else "1GiB"))
+    runs = max(1, args.runs or (5 if args.vs_parquet else 2))
     command = "pybk bench spark " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("spark") + 1:]) \
         if "spark" in sys.argv else "pybk bench spark"
     procs: list = []
@@ -109,38 +190,78 @@ def run(args: argparse.Namespace) -> int:
                 b.wait_ready(b.is_ready, 120)
         ledgers, write_s = asyncio.run(_write(uri, args, total))
         written = (total // args.entry_size) * args.entry_size
+        entries = written // args.entry_size
         try:
             spark = local_session(args.master, "pybk-bench-spark")
         except JavaMissingError as exc:
             print(f"pybk bench spark: {exc}", file=sys.stderr)
             return 2
-        scans = []
-        for _ in range(max(1, args.runs)):
-            n, nbytes, secs = _scan(spark, uri, ledgers, args)
-            if nbytes != written:
-                print(f"pybk bench spark: scan saw {nbytes} bytes, expected {written}", file=sys.stderr)
-                return 1
-            scans.append(secs)
-        spark.stop()
-        best = min(scans)
+        frames = {"pybk": _pybk_frame(spark, uri, ledgers, args)}
+        if args.vs_parquet:
+            pq_dir = tempfile.mkdtemp(prefix="pybk-bench-parquet-")
+            frames["pybk"].write.mode("overwrite").parquet(pq_dir + "/copy")
+            frames["parquet"] = spark.read.parquet(pq_dir + "/copy")
+        scans: dict[str, list[float]] = {name: [] for name in frames}
+        cpus: dict[str, list[dict[str, float]]] = {name: [] for name in frames}
+        meter = CpuMeter(int(spark._jvm.java.lang.ProcessHandle.current().pid()),
+                         [p.pid for p in procs[1:] if p.pid])
+        try:
+            for _ in range(runs):
+                for name, df in frames.items():
+                    before = meter.sample()
+                    n, nbytes, secs = _scan(df, args)
+                    after = meter.sample()
+                    cpus[name].append({k: (after[k] - before[k]) / entries * 1e6 for k in after})
+                    if n != entries or nbytes not in (None, written):
+                        print(f"pybk bench spark: the {name} scan saw {n} rows and {nbytes} bytes, expected "
+                              f"{entries} and {written}", file=sys.stderr)
+                        return 1
+                    scans[name].append(secs)
+        finally:
+            spark.stop()
+            if args.vs_parquet:
+                import shutil
+                shutil.rmtree(pq_dir, ignore_errors=True)
+        best = min(scans["pybk"])
         result = {
-            "command": command, "bytes": written, "entries": written // args.entry_size,
+            "command": command, "bytes": written, "entries": entries,
             "entry_size": args.entry_size, "ledgers": len(ledgers), "master": args.master,
+            "aggregate": args.aggregate,
             "write_seconds": round(write_s, 2), "write_MBps": round(written / write_s / 1e6, 1),
-            "scan_seconds": [round(s, 2) for s in scans],
+            "scan_seconds": [round(s, 2) for s in scans["pybk"]],
             "scan_MBps": round(written / best / 1e6, 1),
-            "scan_entries_per_s": round(written / args.entry_size / best),
+            "scan_entries_per_s": round(entries / best),
+            "cpu_us_per_entry": {name: {k: round(_median([c[k] for c in cs]), 2) for k in cs[0]}
+                                 for name, cs in cpus.items()},
         }
+        if args.vs_parquet:
+            pybk_med, pq_med = _median(scans["pybk"]), _median(scans["parquet"])
+            result.update({
+                "scan_median_MBps": round(written / pybk_med / 1e6, 1),
+                "parquet_seconds": [round(s, 2) for s in scans["parquet"]],
+                "parquet_median_MBps": round(written / pq_med / 1e6, 1),
+                "ratio": round(pq_med / pybk_med, 3),
+                "run_ratios": [round(q / p, 3) for p, q in zip(scans["pybk"], scans["parquet"])],
+            })
         if args.output == "json":
             print(json.dumps(result))
         else:
             print(f"command:      {command}")
-            print(f"data:         {written / (1 << 20):.0f} MiB in {result['entries']} entries of "
+            print(f"data:         {written / (1 << 20):.0f} MiB in {entries} entries of "
                   f"{args.entry_size} B over {len(ledgers)} ledgers (E{args.ensemble}/Qw{args.write_quorum}"
                   f"/Qa{args.ack_quorum}, {args.bookies} bookies)")
             print(f"write:        {write_s:.1f} s  ({result['write_MBps']} MB/s, client, not Spark)")
-            print(f"scan ({args.master}): runs {', '.join(f'{s:.1f} s' for s in scans)}; best "
-                  f"{result['scan_MBps']} MB/s, {result['scan_entries_per_s']} entries/s")
+            print(f"scan ({args.master}, {args.aggregate}): runs {', '.join(f'{s:.1f} s' for s in scans['pybk'])}; "
+                  f"best {result['scan_MBps']} MB/s, {result['scan_entries_per_s']} entries/s")
+            for name, parts in result["cpu_us_per_entry"].items():
+                print(f"CPU {name + ':':9} " + ", ".join(f"{k} {v} us" for k, v in parts.items())
+                      + " per entry (medians)")
+            if args.vs_parquet:
+                print(f"parquet:      runs {', '.join(f'{s:.1f} s' for s in scans['parquet'])}; "
+                      f"median {result['parquet_median_MBps']} MB/s")
+                print(f"pybk/parquet: {result['ratio']} (medians: pybk {result['scan_median_MBps']} MB/s, "
+                      f"Parquet {result['parquet_median_MBps']} MB/s; per run "
+                      f"{', '.join(map(str, result['run_ratios']))})")
         return 0
     finally:
         for p in reversed(procs):

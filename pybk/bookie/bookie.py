@@ -44,7 +44,8 @@ _BAD = pb.BAD_REQUEST
 READ_ONLY_FILE = "READONLY"  # in the journal dir while read-only by request
 JOURNAL_LOSS_FILE = "journal.loss"  # in the journal dir: an accepted loss not yet reported
 LOCK_FILE = "LOCK"  # in the journal dir: flock'd by the process that has the dirs open
-DISK_READ_ENTRIES = 256  # entries per worker-thread read from the entry logs
+DISK_READ_ENTRIES = 1024  # entries per worker-thread read from the entry logs
+READ_SPAN = 4 << 20  # neighbouring records within this many bytes of a run's first are read with one pread
 
 
 class DirsInUseError(Exception):
@@ -508,59 +509,75 @@ class Bookie:
 
     async def read_chunk(self, ledger: int, first: int, last: int, max_bytes: int,
                          max_entries: int, step: int = 1) -> list[tuple[int, bytes]]:
-        """Entries first, first+step, ... (at most up to `last`), stopping at the first one not
-        stored here or at the caps. Cached entries are served on the event loop; entries that
-        must come from the entry logs are read in a worker thread so that a cold read never
-        stalls the adds. A striped replica is read with step = E (it holds every E-th entry)."""
-        out: list[tuple[int, bytes]] = []
-        disk: list[tuple[int, int, int, int]] = []
+        """read_bodies as (entry id, body) pairs."""
+        bodies = await self.read_bodies(ledger, first, last, max_bytes, max_entries, step)
+        return [(first + i * step, b) for i, b in enumerate(bodies)]
+
+    async def read_bodies(self, ledger: int, first: int, last: int, max_bytes: int,
+                          max_entries: int, step: int = 1) -> list[bytes]:
+        """Bodies of entries first, first+step, ... (at most up to `last`), stopping at the first
+        one not stored here or at the caps. Cached entries are served on the event loop; entries
+        that must come from the entry logs are read in a worker thread so that a cold read never
+        stalls the adds, a run of neighbouring records with one pread. A striped replica is read
+        with step = E (it holds every E-th entry)."""
+        out: list[bytes] = []
         size = 0
         eid = first
-        cache, flushing = self.cache, self.flushing
-        while eid <= last and len(out) + len(disk) < max_entries and size < max_bytes:
-            body = cache.get(ledger, eid)
-            if body is None and flushing is not None:
-                body = flushing.get(ledger, eid)
-            if body is not None:
-                if disk:
+        mem = [c.ledgers[ledger] for c in (self.cache, self.flushing) if c is not None and ledger in c.ledgers]
+        while eid <= last and len(out) < max_entries and size < max_bytes:
+            body = None
+            for entries in mem:
+                body = entries.get(eid)
+                if body is not None:
                     break
-                out.append((eid, body))
-                size += len(body)
-            else:
-                if out:
-                    break
-                loc = self.index.location(ledger, eid)
-                if loc is None:
-                    break
-                disk.append((eid, *loc))
-                if len(disk) >= DISK_READ_ENTRIES:
-                    break
+            if body is None:
+                break
+            out.append(body)
+            size += len(body)
             eid += step
-        if not disk:
+        if out or eid > last:
+            return out
+        want = min(max_entries, DISK_READ_ENTRIES, (last - eid) // step + 1)
+        locs = self.index.locations_from(ledger, eid, step, want)
+        for i in range(len(locs)) if mem else ():
+            if any(eid + i * step in entries for entries in mem):  # newer in the cache: read from there
+                del locs[i:]
+                break
+        if not locs:
             return out
         self._disk_reads += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self._pread_many, ledger, disk, max_bytes)
+            return await asyncio.get_running_loop().run_in_executor(None, self._pread_runs, ledger, eid, step, locs,
+                                                                    max_bytes)
         except (OSError, IndexError, ValueError) as exc:
             raise BookieStorageError(f"reading entries of ledger {ledger} from {first}: {exc}") from exc
         finally:
             self._disk_reads -= 1
 
-    def _pread_many(self, ledger: int, disk: list[tuple[int, int, int, int]], max_bytes: int
-                    ) -> list[tuple[int, bytes]]:
-        """Worker thread: read entry log records with descriptors of its own."""
+    def _pread_runs(self, ledger: int, first: int, step: int, locs: list[tuple[int, int, int]], max_bytes: int
+                    ) -> list[bytes]:
+        """Worker thread: the records at locs (entries first, first+step, ...), each run of
+        neighbouring records of one file with one pread, with descriptors of its own."""
         fds: dict[tuple[int, int], int] = {}
-        out, size = [], 0
+        out: list[bytes] = []
+        size = 0
         try:
-            for eid, d, log_id, offset in disk:
+            i = 0
+            while i < len(locs) and size < max_bytes:
+                d, log_id, base = locs[i]
+                j = i + 1
+                while j < len(locs) and locs[j][:2] == (d, log_id) and locs[j - 1][2] < locs[j][2] <= base + READ_SPAN:
+                    j += 1
                 fd = fds.get((d, log_id))
                 if fd is None:
                     fd = fds[(d, log_id)] = os.open(self.entrylogs[d].path(log_id), os.O_RDONLY)
-                body = self.entrylogs[d].read_at(fd, log_id, offset, ledger, eid)
-                out.append((eid, body))
-                size += len(body)
-                if size >= max_bytes:
+                got = self.entrylogs[d].read_run(fd, log_id, ledger, first + i * step, step,
+                                                 [loc[2] for loc in locs[i:j]], max_bytes - size)
+                out.extend(got)
+                size += sum(map(len, got))
+                if len(got) < j - i:
                     break
+                i = j
         finally:
             for fd in fds.values():
                 os.close(fd)

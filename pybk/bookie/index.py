@@ -187,6 +187,33 @@ class Index:
             v = txn.get(KEY.pack(ledger, entry))
         return LOCATION.unpack(v) if v is not None else None
 
+    def locations_from(self, ledger: int, first: int, step: int, limit: int) -> list[tuple[int, int, int]]:
+        """Locations of entries first, first+step, ... (at most `limit`), up to the first one not
+        indexed: one read transaction for a whole range read, a cursor walk when step is 1."""
+        out: list[tuple[int, int, int]] = []
+        pack, unpack = KEY.pack, LOCATION.unpack
+        with self.env.begin(db=self.locations) as txn:
+            if step == 1:
+                cur = txn.cursor()
+                if not cur.set_key(pack(ledger, first)):
+                    return out
+                want = first
+                for k, v in cur.iternext():
+                    if k != pack(ledger, want):
+                        break
+                    out.append(unpack(v))
+                    want += 1
+                    if len(out) >= limit:
+                        break
+            else:
+                get = txn.get
+                for eid in range(first, first + step * limit, step):
+                    v = get(pack(ledger, eid))
+                    if v is None:
+                        break
+                    out.append(unpack(v))
+        return out
+
     def entries(self, ledger: int, first: int = 0) -> Iterator[int]:
         """Entry ids of a ledger present in the index, in order, from `first`."""
         with self.env.begin(db=self.locations) as txn:

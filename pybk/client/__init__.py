@@ -12,9 +12,9 @@ from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestM
                      InvalidLedgerConfigError, LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
                      NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError, UnauthorizedError)
 from .handle import LedgerHandle
-from .types import LedgerEntry
+from .types import EntryChunk, LedgerEntry
 
-__all__ = ["AccessDeniedError", "BookKeeper", "ClientOptions", "DigestType", "LedgerHandle", "LedgerEntry",
+__all__ = ["AccessDeniedError", "BookKeeper", "ClientOptions", "DigestType", "EntryChunk", "LedgerHandle", "LedgerEntry",
            "BKError", "BookieUnavailableError", "DigestMismatchError", "InvalidLedgerConfigError", "LedgerClosedError",
            "LedgerFencedError", "LedgerRecoveryError", "NoSuchEntryError",
            "NoSuchLedgerError", "NotEnoughBookiesError", "UnauthorizedError"]

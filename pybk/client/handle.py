@@ -23,7 +23,7 @@ from .errors import (AccessDeniedError, BKError, LedgerClosedError, LedgerFenced
                      NotEnoughBookiesError, UnauthorizedError, status_of)
 from .quorum import AckTracker, write_quorums
 from .reaction import Reaction, reaction
-from .types import LedgerEntry
+from .types import EntryChunk, LedgerEntry
 
 log = logging.getLogger("pybk.client")
 
@@ -388,6 +388,12 @@ class LedgerHandle:
         """Entries first..last (inclusive), in order, digest-verified; last may not pass the LAC."""
         self._check_range(first, last)
         return reader.read_entries(self._bk, self._md, self.password, first, last)
+
+    def read_chunks(self, first: int, last: int) -> AsyncIterator[EntryChunk]:
+        """read_entries as chunks of consecutive entries in one buffer each (no object per entry:
+        for bulk readers such as a Spark scan); same checks, same order."""
+        self._check_range(first, last)
+        return reader.read_chunks(self._bk, self._md, self.password, first, last)
 
     async def read_entry(self, entry_id: int) -> bytes:
         """One entry's payload (no range machinery: the lowest-latency read)."""

@@ -10,21 +10,21 @@ import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 from pybk.bookie.client import Status
-from pybk.entry import DigestMismatch, decode
+from pybk.entry import DigestMismatch, decode, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
 from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestMismatchError,
                      NoSuchEntryError, UnauthorizedError, status_of)
 from .quorum import fencing_complete
-from .types import LedgerEntry
+from .types import EntryChunk, LedgerEntry
 
 if TYPE_CHECKING:
     from .bookkeeper import BookKeeper
 
 log = logging.getLogger("pybk.client")
 
-CHUNK = 512       # entries per streamed range read
+CHUNK = 2048      # entries per streamed range read (one gRPC call)
 WINDOW = 64       # per-entry reads in flight (striped ensembles, short ranges, fallbacks)
 STREAM_MIN = 16   # shorter ranges are read entry by entry (speculative reads, lowest latency)
 
@@ -103,30 +103,38 @@ def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, B
 
 
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
-                        step: int = 1) -> list[bytes]:
-    """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all); stops
-    early, with fewer payloads, on any error or corrupt entry, or when the bookie is slow to
-    start answering (the caller then reads the rest from other replicas)."""
+                        step: int = 1) -> list[list[bytes]]:
+    """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all), verified,
+    a list per answer of the bookie. Stops early, with fewer entries, on any error or corrupt
+    entry, or when the bookie is slow to start answering (the caller then reads the rest from
+    other replicas)."""
     opts = bk.options
-    out: list[bytes] = []
+    out: list[list[bytes]] = []
+    got = 0
     stream = None
     count = (b - a) // step + 1
     try:
         c = await _client(bk, bookie)
-        stream = c.read_range(md.ledger_id, a, b, step)
-        eid, body = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
+        stream = c.read_packed(md.ledger_id, a, b, step)
+        first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
-            while True:
-                if eid != a + len(out) * step:
+            while first == a + got * step:
+                payloads, bad = verify_packed(bodies, sizes[:count - got], first, step, md.ledger_id,
+                                              md.digest_type, password)
+                if payloads:
+                    out.append(payloads)
+                    got += len(payloads)
+                if bad is not None:
+                    bk.digest_mismatches += 1
+                    log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
+                                md.ledger_id, first + len(payloads) * step, bookie, bad)
                     break
-                out.append(_verify(bk, md, password, bookie, eid, body))
-                if len(out) == count:
+                if got == count:
                     break
-                eid, body = await stream.__anext__()
+                first, bodies, sizes = await stream.__anext__()
     except (Exception, TimeoutError) as e:
-        if not isinstance(e, DigestMismatch):
-            log.info("ledger %d: range read %d..%d from %s stopped at %d: %r", md.ledger_id, a, b,
-                     bookie, a + len(out), e)
+        log.info("ledger %d: range read %d..%d from %s stopped at %d: %r", md.ledger_id, a, b,
+                 bookie, a + got * step, e)
     finally:
         if stream is not None:
             await stream.aclose()
@@ -145,32 +153,80 @@ def check_range(ledger_id: int, first: int, last: int, limit: int, closed: bool)
 
 async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
                        last: int) -> AsyncIterator[LedgerEntry]:
-    """Entries first..last in order. Whole-copy ensembles (E = Qw) stream ranges from one
-    replica per chunk; striped ones stream every bookie's share at once (_read_striped);
-    short ranges are read entry by entry, a window at a time."""
+    """Entries first..last in order (read_chunks, one entry at a time)."""
+    async for chunk in read_chunks(bk, md, password, first, last):
+        for entry in chunk.entries():
+            yield entry
+
+
+async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
+                      last: int) -> AsyncIterator[EntryChunk]:
+    """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
+    ensembles (E = Qw) stream ranges from one replica per CHUNK entries, the next chunk while
+    this one is handed out (what a replica did not deliver, from the next replica), each answer
+    of the bookie (its bodies in one buffer) becoming one chunk; striped ones stream every
+    bookie's share at once (_read_striped); short ranges are read entry by entry, a window at a
+    time."""
     lid = md.ledger_id
     chunk_no = 0
     for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
         if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
-            a = a0
-            while a <= b0:
-                b = min(b0, a + CHUNK - 1)
-                bookie = ensemble[(chunk_no + a) % len(ensemble)]
+            chunks = []
+            for a in range(a0, b0 + 1, CHUNK):
+                chunks.append((a, min(b0, a + CHUNK - 1), (chunk_no + a) % len(ensemble)))
                 chunk_no += 1
-                got = await _stream_chunk(bk, md, password, a, b, bookie)
-                for i, data in enumerate(got):
-                    yield LedgerEntry(lid, a + i, data)
-                a += len(got)
-                if a <= b:  # the rest of this chunk entry by entry, with failover
-                    async for e in _read_each(bk, md, password, a, b, ensemble, avoid=bookie):
-                        yield e
-                    a = b + 1
+
+            def first_read(i: int) -> asyncio.Task:
+                a, b, choice = chunks[i]
+                return asyncio.ensure_future(_stream_chunk(bk, md, password, a, b, ensemble[choice]))
+
+            ahead = first_read(0)  # the next chunk is read while this one is handed out
+            try:
+                for i, (a, b, choice) in enumerate(chunks):
+                    got = await ahead
+                    ahead = first_read(i + 1) if i + 1 < len(chunks) else None
+                    # the rest of a chunk a replica did not deliver (it lags behind, failed, or
+                    # holds a corrupt entry) is streamed from the next replica, as a range again
+                    for k in range(len(ensemble)):
+                        bookie = ensemble[(choice + k) % len(ensemble)]
+                        if k:
+                            got = await _stream_chunk(bk, md, password, a, b, bookie)
+                        for payloads in got:
+                            yield EntryChunk.of_payloads(lid, a, payloads)
+                            a += len(payloads)
+                        if a > b:
+                            break
+                    if a <= b:  # no replica streamed the rest: entry by entry, with failover
+                        async for c in _grouped(lid, _read_each(bk, md, password, a, b, ensemble, avoid=bookie)):
+                            yield c
+            finally:
+                if ahead is not None and not ahead.done():
+                    ahead.cancel()
         elif b0 - a0 >= STREAM_MIN - 1:
-            async for e in _read_striped(bk, md, password, a0, b0, ensemble):
-                yield e
+            async for c in _grouped(lid, _read_striped(bk, md, password, a0, b0, ensemble)):
+                yield c
         else:
-            async for e in _read_each(bk, md, password, a0, b0, ensemble):
-                yield e
+            async for c in _grouped(lid, _read_each(bk, md, password, a0, b0, ensemble)):
+                yield c
+
+
+async def _grouped(ledger_id: int, entries: AsyncIterator[LedgerEntry]) -> AsyncIterator[EntryChunk]:
+    """Consecutive entries as chunks of up to CHUNK; on an error, the entries before it first."""
+    first, payloads = 0, []
+    try:
+        async for e in entries:
+            if not payloads:
+                first = e.entry_id
+            payloads.append(e.data)
+            if len(payloads) >= CHUNK:
+                yield EntryChunk.of_payloads(ledger_id, first, payloads)
+                payloads = []
+    except Exception:
+        if payloads:
+            yield EntryChunk.of_payloads(ledger_id, first, payloads)
+        raise
+    if payloads:
+        yield EntryChunk.of_payloads(ledger_id, first, payloads)
 
 
 async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a0: int, b0: int,
@@ -185,8 +241,8 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = await asyncio.gather(*(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n)
-                                     for i in range(n)))
+        got = [[p for payloads in pieces for p in payloads] for pieces in await asyncio.gather(
+            *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]
         rest = _read_each_of(bk, md, password, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None
         try:

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x04pybk\"t\n\x08\x41\x64\x64\x45ntry\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\x12\r\n\x05\x66lags\x18\x05 \x01(\r\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\"+\n\x08\x41\x64\x64\x42\x61tch\x12\x1f\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x0e.pybk.AddEntry\"s\n\tAddResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x1c\n\x06status\x18\x04 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x05 \x01(\t\".\n\nAddResults\x12 \n\x07results\x18\x01 \x03(\x0b\x32\x0f.pybk.AddResult\"\xa4\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x12\n\nlast_entry\x18\x03 \x01(\x03\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x14\n\x0cprevious_lac\x18\x06 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x0c\n\x04step\x18\x08 \x01(\r\"+\n\tReadEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\x82\x01\n\x0bReadResults\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x0f.pybk.ReadEntry\x12\x0b\n\x03lac\x18\x04 \x01(\x03\x12\x15\n\rmissing_entry\x18\x05 \x01(\x03\"#\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\"f\n\x0fReadLacResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x17\n\x0flast_entry_body\x18\x04 \x01(\x0c\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"A\n\x10WriteLacResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\xb7\x01\n\x0cInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x11\n\tread_only\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x14\n\x0cledger_count\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ller\x18\x08 \x01(\t\x12\x13\n\x0b\x63\x61ller_role\x18\t \x01(\t\"\'\n\x12ListEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\")\n\nEntryRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"f\n\x13ListEntriesResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x06ranges\x18\x03 \x03(\x0b\x32\x10.pybk.EntryRange\"\x14\n\x12ListLedgersRequest\")\n\x13ListLedgersResponse\x12\x12\n\nledger_ids\x18\x01 \x03(\x04*\xa3\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNO_LEDGER\x10\x01\x12\x0c\n\x08NO_ENTRY\x10\x02\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x03\x12\x0c\n\x08IO_ERROR\x10\x04\x12\x10\n\x0cUNAUTHORIZED\x10\x05\x12\n\n\x06\x46\x45NCED\x10\x06\x12\r\n\tREAD_ONLY\x10\x07\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x08\x12\x11\n\rACCESS_DENIED\x10\t*)\n\x07\x41\x64\x64\x46lag\x12\x0c\n\x08\x41\x44\x44_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01*3\n\x08ReadFlag\x12\r\n\tREAD_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01\x12\r\n\tLONG_POLL\x10\x02\x32\x8f\x03\n\x06\x42ookie\x12+\n\x03\x41\x64\x64\x12\x0e.pybk.AddBatch\x1a\x10.pybk.AddResults(\x01\x30\x01\x12.\n\x04Read\x12\x11.pybk.ReadRequest\x1a\x11.pybk.ReadResults0\x01\x12\x36\n\x07ReadLac\x12\x14.pybk.ReadLacRequest\x1a\x15.pybk.ReadLacResponse\x12\x39\n\x08WriteLac\x12\x15.pybk.WriteLacRequest\x1a\x16.pybk.WriteLacResponse\x12-\n\x04Info\x12\x11.pybk.InfoRequest\x1a\x12.pybk.InfoResponse\x12\x42\n\x0bListEntries\x12\x18.pybk.ListEntriesRequest\x1a\x19.pybk.ListEntriesResponse\x12\x42\n\x0bListLedgers\x12\x18.pybk.ListLedgersRequest\x1a\x19.pybk.ListLedgersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x04pybk\"t\n\x08\x41\x64\x64\x45ntry\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\x12\r\n\x05\x66lags\x18\x05 \x01(\r\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\"+\n\x08\x41\x64\x64\x42\x61tch\x12\x1f\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x0e.pybk.AddEntry\"s\n\tAddResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x1c\n\x06status\x18\x04 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x05 \x01(\t\".\n\nAddResults\x12 \n\x07results\x18\x01 \x03(\x0b\x32\x0f.pybk.AddResult\"\xa4\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x12\n\nlast_entry\x18\x03 \x01(\x03\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x14\n\x0cprevious_lac\x18\x06 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x0c\n\x04step\x18\x08 \x01(\r\"+\n\tReadEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\xc0\x01\n\x0bReadResults\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x0f.pybk.ReadEntry\x12\x0b\n\x03lac\x18\x04 \x01(\x03\x12\x15\n\rmissing_entry\x18\x05 \x01(\x03\x12\x18\n\x10\x66irst_body_entry\x18\x06 \x01(\x03\x12\x0e\n\x06\x62odies\x18\x07 \x01(\x0c\x12\x12\n\nbody_sizes\x18\x08 \x03(\r\"#\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\"f\n\x0fReadLacResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x17\n\x0flast_entry_body\x18\x04 \x01(\x0c\"E\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\"A\n\x10WriteLacResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\xb7\x01\n\x0cInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x11\n\tread_only\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x14\n\x0cledger_count\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ller\x18\x08 \x01(\t\x12\x13\n\x0b\x63\x61ller_role\x18\t \x01(\t\"\'\n\x12ListEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\")\n\nEntryRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"f\n\x13ListEntriesResponse\x12\x1c\n\x06status\x18\x01 \x01(\x0e\x32\x0c.pybk.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x06ranges\x18\x03 \x03(\x0b\x32\x10.pybk.EntryRange\"\x14\n\x12ListLedgersRequest\")\n\x13ListLedgersResponse\x12\x12\n\nledger_ids\x18\x01 \x03(\x04*\xa3\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNO_LEDGER\x10\x01\x12\x0c\n\x08NO_ENTRY\x10\x02\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x03\x12\x0c\n\x08IO_ERROR\x10\x04\x12\x10\n\x0cUNAUTHORIZED\x10\x05\x12\n\n\x06\x46\x45NCED\x10\x06\x12\r\n\tREAD_ONLY\x10\x07\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x08\x12\x11\n\rACCESS_DENIED\x10\t*)\n\x07\x41\x64\x64\x46lag\x12\x0c\n\x08\x41\x44\x44_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01*?\n\x08ReadFlag\x12\r\n\tREAD_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01\x12\r\n\tLONG_POLL\x10\x02\x12\n\n\x06PACKED\x10\x04\x32\x8f\x03\n\x06\x42ookie\x12+\n\x03\x41\x64\x64\x12\x0e.pybk.AddBatch\x1a\x10.pybk.AddResults(\x01\x30\x01\x12.\n\x04Read\x12\x11.pybk.ReadRequest\x1a\x11.pybk.ReadResults0\x01\x12\x36\n\x07ReadLac\x12\x14.pybk.ReadLacRequest\x1a\x15.pybk.ReadLacResponse\x12\x39\n\x08WriteLac\x12\x15.pybk.WriteLacRequest\x1a\x16.pybk.WriteLacResponse\x12-\n\x04Info\x12\x11.pybk.InfoRequest\x1a\x12.pybk.InfoResponse\x12\x42\n\x0bListEntries\x12\x18.pybk.ListEntriesRequest\x1a\x19.pybk.ListEntriesResponse\x12\x42\n\x0bListLedgers\x12\x18.pybk.ListLedgersRequest\x1a\x19.pybk.ListLedgersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUS']._serialized_start=1429
-  _globals['_STATUS']._serialized_end=1592
-  _globals['_ADDFLAG']._serialized_start=1594
-  _globals['_ADDFLAG']._serialized_end=1635
-  _globals['_READFLAG']._serialized_start=1637
-  _globals['_READFLAG']._serialized_end=1688
+  _globals['_STATUS']._serialized_start=1491
+  _globals['_STATUS']._serialized_end=1654
+  _globals['_ADDFLAG']._serialized_start=1656
+  _globals['_ADDFLAG']._serialized_end=1697
+  _globals['_READFLAG']._serialized_start=1699
+  _globals['_READFLAG']._serialized_end=1762
   _globals['_ADDENTRY']._serialized_start=22
   _globals['_ADDENTRY']._serialized_end=138
   _globals['_ADDBATCH']._serialized_start=140
@@ -50,29 +50,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READENTRY']._serialized_start=517
   _globals['_READENTRY']._serialized_end=560
   _globals['_READRESULTS']._serialized_start=563
-  _globals['_READRESULTS']._serialized_end=693
-  _globals['_READLACREQUEST']._serialized_start=695
-  _globals['_READLACREQUEST']._serialized_end=730
-  _globals['_READLACRESPONSE']._serialized_start=732
-  _globals['_READLACRESPONSE']._serialized_end=834
-  _globals['_WRITELACREQUEST']._serialized_start=836
-  _globals['_WRITELACREQUEST']._serialized_end=905
-  _globals['_WRITELACRESPONSE']._serialized_start=907
-  _globals['_WRITELACRESPONSE']._serialized_end=972
-  _globals['_INFOREQUEST']._serialized_start=974
-  _globals['_INFOREQUEST']._serialized_end=987
-  _globals['_INFORESPONSE']._serialized_start=990
-  _globals['_INFORESPONSE']._serialized_end=1173
-  _globals['_LISTENTRIESREQUEST']._serialized_start=1175
-  _globals['_LISTENTRIESREQUEST']._serialized_end=1214
-  _globals['_ENTRYRANGE']._serialized_start=1216
-  _globals['_ENTRYRANGE']._serialized_end=1257
-  _globals['_LISTENTRIESRESPONSE']._serialized_start=1259
-  _globals['_LISTENTRIESRESPONSE']._serialized_end=1361
-  _globals['_LISTLEDGERSREQUEST']._serialized_start=1363
-  _globals['_LISTLEDGERSREQUEST']._serialized_end=1383
-  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1385
-  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1426
-  _globals['_BOOKIE']._serialized_start=1691
-  _globals['_BOOKIE']._serialized_end=2090
+  _globals['_READRESULTS']._serialized_end=755
+  _globals['_READLACREQUEST']._serialized_start=757
+  _globals['_READLACREQUEST']._serialized_end=792
+  _globals['_READLACRESPONSE']._serialized_start=794
+  _globals['_READLACRESPONSE']._serialized_end=896
+  _globals['_WRITELACREQUEST']._serialized_start=898
+  _globals['_WRITELACREQUEST']._serialized_end=967
+  _globals['_WRITELACRESPONSE']._serialized_start=969
+  _globals['_WRITELACRESPONSE']._serialized_end=1034
+  _globals['_INFOREQUEST']._serialized_start=1036
+  _globals['_INFOREQUEST']._serialized_end=1049
+  _globals['_INFORESPONSE']._serialized_start=1052
+  _globals['_INFORESPONSE']._serialized_end=1235
+  _globals['_LISTENTRIESREQUEST']._serialized_start=1237
+  _globals['_LISTENTRIESREQUEST']._serialized_end=1276
+  _globals['_ENTRYRANGE']._serialized_start=1278
+  _globals['_ENTRYRANGE']._serialized_end=1319
+  _globals['_LISTENTRIESRESPONSE']._serialized_start=1321
+  _globals['_LISTENTRIESRESPONSE']._serialized_end=1423
+  _globals['_LISTLEDGERSREQUEST']._serialized_start=1425
+  _globals['_LISTLEDGERSREQUEST']._serialized_end=1445
+  _globals['_LISTLEDGERSRESPONSE']._serialized_start=1447
+  _globals['_LISTLEDGERSRESPONSE']._serialized_end=1488
+  _globals['_BOOKIE']._serialized_start=1765
+  _globals['_BOOKIE']._serialized_end=2164
 # @@protoc_insertion_point(module_scope)

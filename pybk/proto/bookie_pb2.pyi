@@ -30,6 +30,7 @@ class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_NONE: _ClassVar[ReadFlag]
     FENCE: _ClassVar[ReadFlag]
     LONG_POLL: _ClassVar[ReadFlag]
+    PACKED: _ClassVar[ReadFlag]
 OK: Status
 NO_LEDGER: Status
 NO_ENTRY: Status
@@ -45,6 +46,7 @@ RECOVERY_ADD: AddFlag
 READ_NONE: ReadFlag
 FENCE: ReadFlag
 LONG_POLL: ReadFlag
+PACKED: ReadFlag
 
 class AddEntry(_message.Message):
     __slots__ = ("request_id", "ledger_id", "entry_id", "master_key", "flags", "body")
@@ -117,18 +119,24 @@ class ReadEntry(_message.Message):
     def __init__(self, entry_id: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class ReadResults(_message.Message):
-    __slots__ = ("status", "message", "entries", "lac", "missing_entry")
+    __slots__ = ("status", "message", "entries", "lac", "missing_entry", "first_body_entry", "bodies", "body_sizes")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     MISSING_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BODY_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZES_FIELD_NUMBER: _ClassVar[int]
     status: Status
     message: str
     entries: _containers.RepeatedCompositeFieldContainer[ReadEntry]
     lac: int
     missing_entry: int
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ReadEntry, _Mapping]]] = ..., lac: _Optional[int] = ..., missing_entry: _Optional[int] = ...) -> None: ...
+    first_body_entry: int
+    bodies: bytes
+    body_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ReadEntry, _Mapping]]] = ..., lac: _Optional[int] = ..., missing_entry: _Optional[int] = ..., first_body_entry: _Optional[int] = ..., bodies: _Optional[bytes] = ..., body_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
     __slots__ = ("ledger_id",)
