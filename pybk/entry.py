@@ -20,11 +20,11 @@ import struct
 from typing import NamedTuple, Sequence
 
 import google_crc32c
+import numpy as np
 
 HEADER = struct.Struct(">QQqQ")
 HEADER_SIZE = HEADER.size  # 32
 _CRC = struct.Struct(">I")
-_HEADER_CRC = struct.Struct(">QQqQI")  # a CRC32C entry's header and digest
 
 
 class DigestType(enum.Enum):
@@ -36,6 +36,12 @@ class DigestType(enum.Enum):
     @property
     def size(self) -> int:
         return 4 if self is DigestType.CRC32C else 32
+
+
+# an entry's header (and CRC32C digest) as a numpy record, to check many packed entries at once
+_HEAD_FIELDS = [("ledger_id", ">u8"), ("entry_id", ">u8"), ("lac", ">i8"), ("length", ">u8")]
+_HEAD_DTYPE = {DigestType.CRC32C: np.dtype(_HEAD_FIELDS + [("crc", ">u4")]), DigestType.MAC: np.dtype(_HEAD_FIELDS)}
+_HEAD_POS = {d: np.arange(t.itemsize) for d, t in _HEAD_DTYPE.items()}
 
 
 class DigestMismatch(ValueError):
@@ -131,38 +137,56 @@ def verify_packed(bodies: bytes, sizes: Sequence[int], first_entry: int, step: i
                   ) -> tuple[list[bytes], DigestMismatch | None]:
     """Verify entry bodies packed back to back (entries first_entry, first_entry + step, ...) as
     decode() does each, in one call: (payloads, None) when all are intact, else (the payloads
-    before the first body that is not, its DigestMismatch)."""
+    before the first body that is not, its DigestMismatch).
+
+    The sizes, ids and running lengths of all bodies are checked at once with numpy (their
+    headers gathered into one array); only the digest is computed entry by entry."""
     crc = digest_type is DigestType.CRC32C
     payload_start = HEADER_SIZE + digest_type.size
-    value, extend = google_crc32c.value, google_crc32c.extend
-    unpack = _HEADER_CRC.unpack_from if crc else HEADER.unpack_from
     total = len(bodies)
+    n = len(sizes)
+    size = np.fromiter(sizes, np.int64, n)
+    end = np.cumsum(size)
+    start = end - size
+    bad = np.flatnonzero((size < payload_start) | (end > total))
+    k = int(bad[0]) if len(bad) else n          # the bodies before k lie within the buffer
+    heads = np.frombuffer(bodies, np.uint8)[start[:k, None] + _HEAD_POS[digest_type]].view(_HEAD_DTYPE[digest_type])[:, 0]
+    want = np.arange(first_entry, first_entry + k * step, step, dtype=np.uint64) if k else np.zeros(0, np.uint64)
+    wrong = np.flatnonzero((heads["ledger_id"] != np.uint64(ledger_id)) | (heads["entry_id"] != want)
+                           | (heads["length"] < (size[:k] - payload_start).astype(np.uint64)))
+    m = int(wrong[0]) if len(wrong) else k      # the bodies before m are well formed
     out: list[bytes] = []
     append = out.append
-    off = 0
-    eid = first_entry
-    for size in sizes:
-        end = off + size
-        if size < payload_start or end > total:
-            return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size} bytes, but the header and digest "
-                                       f"take {payload_start}" if size < payload_start else
-                                       f"entry {ledger_id}:{eid}: the answer holds {total - off} of its {size} bytes")
-        head = unpack(bodies, off)
-        if head[0] != ledger_id or head[1] != eid:
-            return out, DigestMismatch(f"asked for entry {ledger_id}:{eid}, got {head[0]}:{head[1]}")
-        if head[3] < size - payload_start:
-            return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size} bytes, but the header and digest "
-                                       f"take {payload_start} and the ledger length says {head[3]}")
-        payload = bodies[off + payload_start:end]  # google_crc32c takes bytes only (no memoryview)
-        if crc:
-            ok = extend(value(bodies[off:off + HEADER_SIZE]), payload) == head[4]
-        else:
-            mac = hmac.new(password, bodies[off:off + HEADER_SIZE], hashlib.sha256)
+    i = 0
+    if crc:
+        value, extend = google_crc32c.value, google_crc32c.extend
+        for s, e, c in zip(start[:m].tolist(), end[:m].tolist(), heads["crc"][:m].tolist()):
+            payload = bodies[s + payload_start:e]  # google_crc32c takes bytes only (no memoryview)
+            if extend(value(bodies[s:s + HEADER_SIZE]), payload) != c:
+                break
+            append(payload)
+            i += 1
+    else:
+        for s, e in zip(start[:m].tolist(), end[:m].tolist()):
+            payload = bodies[s + payload_start:e]
+            mac = hmac.new(password, bodies[s:s + HEADER_SIZE], hashlib.sha256)
             mac.update(payload)
-            ok = hmac.compare_digest(mac.digest(), bodies[off + HEADER_SIZE:off + payload_start])
-        if not ok:
-            return out, DigestMismatch(f"entry {ledger_id}:{eid}: {digest_type.value} digest mismatch")
-        append(payload)
-        off = end
-        eid += step
-    return out, None
+            if not hmac.compare_digest(mac.digest(), bodies[s + HEADER_SIZE:s + payload_start]):
+                break
+            append(payload)
+            i += 1
+    if i == n:
+        return out, None
+    eid = first_entry + i * step
+    if i < m:
+        return out, DigestMismatch(f"entry {ledger_id}:{eid}: {digest_type.value} digest mismatch")
+    if i < k:
+        h = heads[i]
+        if h["ledger_id"] != ledger_id or h["entry_id"] != eid:
+            return out, DigestMismatch(f"asked for entry {ledger_id}:{eid}, got {h['ledger_id']}:{h['entry_id']}")
+        return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and digest "
+                                   f"take {payload_start} and the ledger length says {h['length']}")
+    if size[i] < payload_start:
+        return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and digest "
+                                   f"take {payload_start}")
+    return out, DigestMismatch(f"entry {ledger_id}:{eid}: the answer holds {total - start[i]} of its {size[i]} bytes")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from pybk.entry import HEADER, HEADER_SIZE
 from pybk.ledger import entry_ranges
 from pybk.proto import pb
@@ -541,9 +543,9 @@ class Bookie:
         locs = self.index.locations_from(ledger, eid, step, want)
         for i in range(len(locs)) if mem else ():
             if any(eid + i * step in entries for entries in mem):  # newer in the cache: read from there
-                del locs[i:]
+                locs = locs[:i]
                 break
-        if not locs:
+        if not len(locs):
             return out
         self._disk_reads += 1
         try:
@@ -554,25 +556,29 @@ class Bookie:
         finally:
             self._disk_reads -= 1
 
-    def _pread_runs(self, ledger: int, first: int, step: int, locs: list[tuple[int, int, int]], max_bytes: int
-                    ) -> list[bytes]:
-        """Worker thread: the records at locs (entries first, first+step, ...), each run of
-        neighbouring records of one file with one pread, with descriptors of its own."""
+    def _pread_runs(self, ledger: int, first: int, step: int, locs: np.ndarray, max_bytes: int) -> list[bytes]:
+        """Worker thread: the records at locs (Index.locations_from's records, entries first,
+        first+step, ...), each run of neighbouring records of one file with one pread, with
+        descriptors of its own. Runs are cut where the file changes, an offset does not ascend or
+        lies beyond READ_SPAN from the run's first (found with numpy, not record by record)."""
         fds: dict[tuple[int, int], int] = {}
         out: list[bytes] = []
         size = 0
+        disk, log, offset = locs["disk"], locs["log"], locs["offset"].astype(np.int64)
+        n = len(locs)
+        cut = np.flatnonzero((disk[1:] != disk[:-1]) | (log[1:] != log[:-1]) | (offset[1:] <= offset[:-1])) + 1
         try:
             i = 0
-            while i < len(locs) and size < max_bytes:
-                d, log_id, base = locs[i]
-                j = i + 1
-                while j < len(locs) and locs[j][:2] == (d, log_id) and locs[j - 1][2] < locs[j][2] <= base + READ_SPAN:
-                    j += 1
+            while i < n and size < max_bytes:
+                d, log_id, base = int(disk[i]), int(log[i]), int(offset[i])
+                c = int(np.searchsorted(cut, i, side="right"))
+                end = int(cut[c]) if c < len(cut) else n
+                j = i + int(np.searchsorted(offset[i:end], base + READ_SPAN, side="right"))
                 fd = fds.get((d, log_id))
                 if fd is None:
                     fd = fds[(d, log_id)] = os.open(self.entrylogs[d].path(log_id), os.O_RDONLY)
-                got = self.entrylogs[d].read_run(fd, log_id, ledger, first + i * step, step,
-                                                 [loc[2] for loc in locs[i:j]], max_bytes - size)
+                got = self.entrylogs[d].read_run(fd, log_id, ledger, first + i * step, step, offset[i:j],
+                                                 max_bytes - size)
                 out.extend(got)
                 size += sum(map(len, got))
                 if len(got) < j - i:

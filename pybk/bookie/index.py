@@ -22,14 +22,18 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import lmdb
+import numpy as np
 
 KEY = struct.Struct(">QQ")
 LEDGER_KEY = struct.Struct(">Q")
 LOCATION = struct.Struct(">HIQ")
+LOCATION_DTYPE = np.dtype([("disk", ">u2"), ("log", ">u4"), ("offset", ">u8")])  # LOCATION as numpy records
+_KEY_DTYPE = np.dtype([("ledger", ">u8"), ("entry", ">u8")])
 CHECKPOINT = struct.Struct(">QQ")
 DATA_FILE = "data.mdb"
 _JOURNAL, _CHECKPOINT = b"journal", b"checkpoint"
@@ -187,32 +191,31 @@ class Index:
             v = txn.get(KEY.pack(ledger, entry))
         return LOCATION.unpack(v) if v is not None else None
 
-    def locations_from(self, ledger: int, first: int, step: int, limit: int) -> list[tuple[int, int, int]]:
+    def locations_from(self, ledger: int, first: int, step: int, limit: int) -> np.ndarray:
         """Locations of entries first, first+step, ... (at most `limit`), up to the first one not
-        indexed: one read transaction for a whole range read, a cursor walk when step is 1."""
-        out: list[tuple[int, int, int]] = []
-        pack, unpack = KEY.pack, LOCATION.unpack
+        indexed, as a numpy array of LOCATION_DTYPE records (disk, log, offset): one read
+        transaction for a whole range read; when step is 1 one cursor walk whose keys and values
+        are checked and decoded all at once, not one by one."""
         with self.env.begin(db=self.locations) as txn:
             if step == 1:
                 cur = txn.cursor()
-                if not cur.set_key(pack(ledger, first)):
-                    return out
-                want = first
-                for k, v in cur.iternext():
-                    if k != pack(ledger, want):
-                        break
-                    out.append(unpack(v))
-                    want += 1
-                    if len(out) >= limit:
-                        break
-            else:
-                get = txn.get
-                for eid in range(first, first + step * limit, step):
-                    v = get(pack(ledger, eid))
-                    if v is None:
-                        break
-                    out.append(unpack(v))
-        return out
+                if not cur.set_key(KEY.pack(ledger, first)):
+                    return np.zeros(0, LOCATION_DTYPE)
+                pairs = list(islice(cur.iternext(), limit))
+                keys, values = zip(*pairs)
+                ids = np.frombuffer(b"".join(keys), _KEY_DTYPE)
+                off = (ids["ledger"] != np.uint64(ledger)) | (ids["entry"] != np.arange(first, first + len(ids),
+                                                                                          dtype=np.uint64))
+                n = int(np.argmax(off)) if off.any() else len(ids)
+                return np.frombuffer(b"".join(values[:n]), LOCATION_DTYPE)
+            get = txn.get
+            values = []
+            for eid in range(first, first + step * limit, step):
+                v = get(KEY.pack(ledger, eid))
+                if v is None:
+                    break
+                values.append(v)
+            return np.frombuffer(b"".join(values), LOCATION_DTYPE)
 
     def entries(self, ledger: int, first: int = 0) -> Iterator[int]:
         """Entry ids of a ledger present in the index, in order, from `first`."""
