@@ -35,6 +35,8 @@ from pybk.meta.ledgers import LedgerMetadata, Unchanged
 JOB_KEY = "pybk.spark.job"
 PARTITION_KEY = "pybk.spark.partition"
 STATE_KEY = "pybk.spark.state"
+QUERY_KEY = "pybk.spark.query"   # a streaming sink's ledger: the query whose micro-batch wrote it
+BATCH_KEY = "pybk.spark.batch"   # ... and the micro-batch id
 DEFAULT_GRACE_S = 86400.0  # an undecided job's ledgers are kept this long (a job may run for hours)
 
 
@@ -108,12 +110,24 @@ def late_attempt_keeps(ledger_id: int, record: JobRecord | None) -> bool:
     return record.outcome is JobOutcome.COMMITTED and ledger_id in record.ledgers
 
 
+def is_stream(custom: Mapping[str, bytes]) -> bool:
+    """True for a ledger a streaming sink's micro-batch wrote."""
+    return QUERY_KEY in custom
+
+
 def gc_action(ledger_id: int, custom: Mapping[str, bytes], ctime_ms: int, record: JobRecord | None,
               now_ms: int, grace_ms: int) -> GcAction:
-    """What the garbage collector does with this ledger (see the module docstring, rule 5)."""
+    """What the garbage collector does with this ledger (see the module docstring, rule 5).
+
+    A micro-batch that never decided is left alone however old: its query replays it from the
+    checkpoint under the same job id when it restarts, maybe after a long outage, and an abort
+    decided meanwhile would make that batch impossible to commit (the query could never go on).
+    Its replay's commit or abort deletes what the failed attempt left."""
     if state_of(custom) is not WriteState.PENDING or job_of(custom) is None:
         return GcAction.KEEP
     if record is None:
+        if is_stream(custom):
+            return GcAction.KEEP
         return GcAction.DELETE if now_ms - ctime_ms >= grace_ms else GcAction.KEEP
     if record.outcome is JobOutcome.COMMITTED and ledger_id in record.ledgers:
         return GcAction.COMMIT

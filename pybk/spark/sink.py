@@ -34,15 +34,13 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pybk.meta.jobs import JobOutcome, JobRecord, check_job_id
 
-from .commit import pending_tags
+from .commit import BATCH_KEY, QUERY_KEY, pending_tags
 from .options import WriteOptions
 from .runtime import client, run
 from .writer import LedgerWritten, _partition_id, _write_partition, decide, settle, with_cluster_defaults
 
 log = logging.getLogger("pybk.spark")
 
-QUERY_KEY = "pybk.spark.query"   # custom metadata of a sink's ledger: the streaming query id
-BATCH_KEY = "pybk.spark.batch"   # ... and the micro-batch id
 QUERY_ID_PROPERTY = "sql.streaming.queryId"   # Spark's local properties, set on the stream
 BATCH_ID_PROPERTY = "streaming.sql.batchId"   # execution thread and passed on to its tasks
 

@@ -12,6 +12,7 @@ from pybk.spark.commit import GcAction, WriteState
 PENDING = commit.pending_tags("job-1", 4)
 COMMITTED = JobRecord("job-1", JobOutcome.COMMITTED, frozenset({10, 11}))
 ABORTED = JobRecord("job-1", JobOutcome.ABORTED)
+STREAM = commit.pending_tags("job-1", 4, {commit.QUERY_KEY: "q-1", commit.BATCH_KEY: "7"})
 HOUR = 3_600_000
 
 
@@ -59,6 +60,9 @@ def test_a_late_attempt_keeps_its_ledger_only_while_undecided_or_when_committed_
     (10, PENDING, COMMITTED, 0, GcAction.COMMIT),                          # listed: finish the commit
     (12, PENDING, COMMITTED, 0, GcAction.DELETE),                          # an attempt that lost
     (10, PENDING, ABORTED, 0, GcAction.DELETE),
+    (10, STREAM, None, 10 * HOUR, GcAction.KEEP),                          # a batch its query will replay
+    (10, STREAM, COMMITTED, 0, GcAction.COMMIT),
+    (12, STREAM, COMMITTED, 0, GcAction.DELETE),
 ])
 def test_gc_action(ledger, custom, record, age, action):
     now = 100 * HOUR
