@@ -169,9 +169,8 @@ def verify_packed(bodies: bytes, sizes: Sequence[int], first_entry: int, step: i
     else:
         for s, e in zip(start[:m].tolist(), end[:m].tolist()):
             payload = bodies[s + payload_start:e]
-            mac = hmac.new(password, bodies[s:s + HEADER_SIZE], hashlib.sha256)
-            mac.update(payload)
-            if not hmac.compare_digest(mac.digest(), bodies[s + HEADER_SIZE:s + payload_start]):
+            if not hmac.compare_digest(_digest(digest_type, password, bodies[s:s + HEADER_SIZE], payload),
+                                       bodies[s + HEADER_SIZE:s + payload_start]):
                 break
             append(payload)
             i += 1

@@ -111,10 +111,8 @@ def _listledgers_args(p: argparse.ArgumentParser) -> None:
 async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
     """ledger_json of every ledger the job created, each with a `job` part: its partition, its
     own state (pending / committed) and whether readers see it (the job's record decides)."""
-    from pybk.meta.jobs import check_job_id
     from pybk.spark import commit, gc
-    check_job_id(job_id)
-    record = await store.jobs.get(job_id)
+    record = await store.jobs.get(job_id)  # also refuses a malformed job id
     outcome = record.outcome.value if record is not None else "undecided"
     rows = []
     async for md in gc.tagged(store, job_id):
