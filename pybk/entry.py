@@ -145,7 +145,7 @@ def verify_packed(bodies: bytes, sizes: Sequence[int], first_entry: int, step: i
     payload_start = HEADER_SIZE + digest_type.size
     total = len(bodies)
     n = len(sizes)
-    size = np.fromiter(sizes, np.int64, n)
+    size = np.asarray(sizes, np.int64)
     end = np.cumsum(size)
     start = end - size
     bad = np.flatnonzero((size < payload_start) | (end > total))

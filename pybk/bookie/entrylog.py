@@ -142,7 +142,7 @@ class EntryLog:
         return body
 
     def read_run(self, fd: int, log_id: int, ledger: int, first: int, step: int, offsets: Sequence[int],
-                 max_bytes: int) -> list[bytes]:
+                 max_bytes: int, checked: bool = True) -> list[bytes | memoryview]:
         """The bodies of entries first, first+step, ... of ledger at these ascending offsets of one
         file, with read_at's checks, read with one pread for the whole span instead of two per
         record (a checkpoint writes a ledger's entries next to each other). Stops once the bodies
@@ -150,8 +150,10 @@ class EntryLog:
 
         The record headers of the span are checked all at once (numpy: ids against the index,
         lengths, inside the span); per record only its CRC32C is computed, over ids and body in
-        one call. A record that fails any check, or lies beyond the span read, is handled by the
-        record-by-record walk (_read_records), which reads on or names the corruption."""
+        one call, unless not `checked` (the reader checks each entry's digest itself). Bodies
+        are views of the span, copied once by whoever packs them. A record that fails any check,
+        or lies beyond the span read, is handled by the record-by-record walk (_read_records),
+        which reads on or names the corruption."""
         base, last = int(offsets[0]), int(offsets[-1])
         tail = (last - base) // (len(offsets) - 1) if len(offsets) > 1 else 4096
         buf = os.pread(fd, last - base + max(tail, LOG_HEADER), base)
@@ -165,16 +167,19 @@ class EntryLog:
             | (rel[:k] + LOG_HEADER + lengths > len(buf))
         m = int(np.argmax(bad)) if bad.any() else k    # records before m are whole in buf, ids as indexed
         sizes = np.cumsum(lengths[:m])
-        stop = int(np.searchsorted(sizes, max_bytes, side="left")) + 1  # the record that reaches max_bytes
-        out: list[bytes] = []
-        value = google_crc32c.value
-        for r, length, crc in zip(rel[:min(m, stop)].tolist(), lengths[:min(m, stop)].tolist(),
-                                  heads["crc"][:min(m, stop)].tolist()):
-            if value(buf[r + 8:r + LOG_HEADER + length]) != crc:  # record_crc: ids and body, contiguous
-                raise EntryLogCorruptError(f"{self.path(log_id)} offset {base + r}: entry {ledger}:"
-                                           f"{first + len(out) * step} fails its checksum (the file is corrupt there)")
-            out.append(buf[r + LOG_HEADER:r + LOG_HEADER + length])
-        if stop <= m or m == n:
+        full = int(np.searchsorted(sizes, max_bytes, side="left")) + 1  # up to the record that reaches max_bytes
+        stop = min(m, full)
+        starts = (rel[:stop] + LOG_HEADER).tolist()
+        ends = (rel[:stop] + LOG_HEADER + lengths[:stop]).tolist()
+        if checked:
+            value = google_crc32c.value
+            for i, (r, end, crc) in enumerate(zip(rel[:stop].tolist(), ends, heads["crc"][:stop].tolist())):
+                if value(buf[r + 8:end]) != crc:  # record_crc: ids and body, contiguous
+                    raise EntryLogCorruptError(f"{self.path(log_id)} offset {base + r}: entry {ledger}:"
+                                               f"{first + i * step} fails its checksum (the file is corrupt there)")
+        view = memoryview(buf)
+        out: list[bytes | memoryview] = [view[s:e] for s, e in zip(starts, ends)]
+        if full <= m or m == n:
             return out
         size = int(sizes[-1]) if m else 0
         rest = [int(o) for o in offsets[m:]]

@@ -194,15 +194,22 @@ class Index:
     def locations_from(self, ledger: int, first: int, step: int, limit: int) -> np.ndarray:
         """Locations of entries first, first+step, ... (at most `limit`), up to the first one not
         indexed, as a numpy array of LOCATION_DTYPE records (disk, log, offset): one read
-        transaction for a whole range read; when step is 1 one cursor walk whose keys and values
-        are checked and decoded all at once, not one by one."""
+        transaction for a whole range read; when step is 1 one cursor walk over the values, whose
+        keys are read (and checked all at once) only when the walk passed a gap."""
         with self.env.begin(db=self.locations) as txn:
             if step == 1:
                 cur = txn.cursor()
                 if not cur.set_key(KEY.pack(ledger, first)):
                     return np.zeros(0, LOCATION_DTYPE)
-                pairs = list(islice(cur.iternext(), limit))
-                keys, values = zip(*pairs)
+                values = list(islice(cur.iternext(keys=False), limit))
+                # the cursor rests on the last item taken (at the end: nothing, so look at the last
+                # key); n sorted distinct keys from (ledger, first) that end at (ledger, first + n - 1)
+                # are exactly the entries first..first + n - 1, so their keys need not be read
+                end = cur.key() or (cur.last() and cur.key())
+                if end == KEY.pack(ledger, first + len(values) - 1):
+                    return np.frombuffer(b"".join(values), LOCATION_DTYPE)
+                cur.set_key(KEY.pack(ledger, first))
+                keys, values = zip(*islice(cur.iternext(), limit))
                 ids = np.frombuffer(b"".join(keys), _KEY_DTYPE)
                 off = (ids["ledger"] != np.uint64(ledger)) | (ids["entry"] != np.arange(first, first + len(ids),
                                                                                           dtype=np.uint64))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from pybk.proto import pb, rpc
+from pybk.proto import pb, rpc, wire
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.security.tls import ReloadingServerCredentials
@@ -354,15 +354,17 @@ class BookieService(rpc.BookieServicer):
                 m.read_errors.labels("NO_LEDGER").inc()
                 await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1))
                 return
-            await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED))
+            await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED),
+                                       not request.flags & pb.DIGESTS_CHECKED)
         except (BookieStorageError, OSError) as exc:
             log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc)
             await context.write(pb.ReadResults(status=pb.IO_ERROR, message=str(exc), lac=-1))
 
     async def _stream_entries(self, context, ledger: int, first: int, last: int, step: int, lac: int,
-                              packed: bool) -> None:
+                              packed: bool, checked: bool) -> None:
         """Answers of up to 1 MiB of bodies (PACKED: packed_batch_bytes): packed into one buffer when the client
-        asked for PACKED, else one ReadEntry each (clients from before PACKED)."""
+        asked for PACKED, else one ReadEntry each (clients from before PACKED). Record checksums are
+        checked unless the client said it checks the entries' digests (DIGESTS_CHECKED)."""
         bookie, buffer = self.bookie, self.read_buffer
         batch_bytes = self.packed_batch_bytes if packed else READ_BATCH_BYTES
         m = bookie.metrics
@@ -375,13 +377,14 @@ class BookieService(rpc.BookieServicer):
                     f"answers waiting for their clients, max_read_buffer_bytes): retry later"), 0)
                 return
             out = pb.ReadResults(status=pb.OK, lac=lac)
+            answer: pb.ReadResults | bytes = out
             bodies: list = []
             size = 0
             start = eid
             try:
                 while eid <= last and size < batch_bytes and len(bodies) < READ_BATCH_ENTRIES:
                     chunk = await bookie.read_bodies(ledger, eid, last, batch_bytes - size,
-                                                     READ_BATCH_ENTRIES - len(bodies), step)
+                                                     READ_BATCH_ENTRIES - len(bodies), step, checked)
                     if not chunk:
                         m.read_errors.labels("NO_ENTRY").inc()
                         out.status = pb.NO_ENTRY
@@ -394,18 +397,17 @@ class BookieService(rpc.BookieServicer):
                 if packed:
                     if bodies:
                         out.first_body_entry = start
-                        out.bodies = b"".join(bodies)
-                        out.body_sizes.extend(map(len, bodies))
+                        answer = wire.encode_packed(out, bodies)
                 else:
                     add = out.entries.add
                     for i, body in enumerate(bodies):
-                        add(entry_id=start + i * step, body=body)
+                        add(entry_id=start + i * step, body=bytes(body))
             except BaseException:
                 buffer.release(batch_bytes)
                 raise
             m.reads.inc(len(bodies))
             m.read_bytes.inc(size)
-            await buffer.send(context, out, batch_bytes)
+            await buffer.send(context, answer, batch_bytes)
             if out.status != pb.OK or eid > last:
                 return
             lac = bookie.lac(ledger)
@@ -550,7 +552,7 @@ def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
                 (False, False): grpc.unary_unary_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming),
                                 request_deserializer=_lenient(m.name, request_type, m.client_streaming),
-                                response_serializer=response_type.SerializeToString)
+                                response_serializer=wire.serializer(response_type))
     return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
 
 

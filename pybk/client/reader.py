@@ -115,7 +115,7 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     count = (b - a) // step + 1
     try:
         c = await _client(bk, bookie)
-        stream = c.read_packed(md.ledger_id, a, b, step)
+        stream = c.read_packed(md.ledger_id, a, b, step, digests_checked=True)
         first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
             while first == a + got * step:

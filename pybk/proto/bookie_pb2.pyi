@@ -31,6 +31,7 @@ class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCE: _ClassVar[ReadFlag]
     LONG_POLL: _ClassVar[ReadFlag]
     PACKED: _ClassVar[ReadFlag]
+    DIGESTS_CHECKED: _ClassVar[ReadFlag]
 OK: Status
 NO_LEDGER: Status
 NO_ENTRY: Status
@@ -47,6 +48,7 @@ READ_NONE: ReadFlag
 FENCE: ReadFlag
 LONG_POLL: ReadFlag
 PACKED: ReadFlag
+DIGESTS_CHECKED: ReadFlag
 
 class AddEntry(_message.Message):
     __slots__ = ("request_id", "ledger_id", "entry_id", "master_key", "flags", "body")

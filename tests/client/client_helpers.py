@@ -87,11 +87,12 @@ def expected(ledger_id: int, last: int, size: int = 100) -> list[tuple[int, byte
     return [(i, payload(ledger_id, i, size)) for i in range(last + 1)]
 
 
-def flip_in_entry_logs(bookie, needle: bytes) -> int:
+def flip_in_entry_logs(bookie, needle: bytes, reseal: bool = True) -> int:
     """Flip one byte inside `needle` in every entry log record of the bookie that holds it, and
     re-seal the record's own CRC: as if the entry was corrupt before the bookie stored it (in a
     writer's memory, say), so only the entry's digest can tell. (The journal is not touched: its
-    records are replayed only after the last checkpoint.)"""
+    records are replayed only after the last checkpoint.) Without reseal the record rots on
+    disk instead: its CRC no longer matches either."""
     from pybk.bookie.entrylog import LOG_HEADER, LOG_RECORD, record_crc
     flipped = 0
     for d in bookie.ledger_dirs:
@@ -104,8 +105,9 @@ def flip_in_entry_logs(bookie, needle: bytes) -> int:
                 at = data.find(needle, start, end)
                 if at >= 0:
                     data[at + len(needle) - 1] ^= 0xFF
-                    LOG_RECORD.pack_into(data, pos, length, record_crc(ledger, entry, bytes(data[start:end])),
-                                         ledger, entry)
+                    if reseal:
+                        LOG_RECORD.pack_into(data, pos, length, record_crc(ledger, entry, bytes(data[start:end])),
+                                             ledger, entry)
                     flipped += 1
                     changed = True
                 pos = end

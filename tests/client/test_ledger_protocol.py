@@ -7,7 +7,9 @@ import asyncio
 import pytest
 from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, pipelined, read_all
 
+from pybk.bookie.client import BookieError
 from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
+from pybk.entry import DigestMismatch, decode
 from pybk.ledger import write_set
 from pybk.meta import LedgerState
 
@@ -185,7 +187,6 @@ async def test_corrupted_replica_is_detected_and_read_from_another(cluster_facto
         assert flip_in_entry_logs(victim, payload(lh.ledger_id, 3)) == 1
         victim.start()
         c = await bk.client(victim_id)
-        from pybk.entry import DigestMismatch, decode
         with pytest.raises(DigestMismatch):                  # the replica really is corrupt
             decode(await c.read(lh.ledger_id, 3), lh.metadata.digest_type, b"pw")
         rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
@@ -194,6 +195,31 @@ async def test_corrupted_replica_is_detected_and_read_from_another(cluster_facto
         assert await read_all(rh) == expected(lh.ledger_id, 29)   # range read falls over at entry 3
         assert bk.digest_mismatches == 2
         assert f"corrupt replica on bookie {victim_id}" in caplog.text
+
+
+async def test_a_rotted_record_is_refused_to_copiers_and_caught_by_readers_that_check_digests(cluster_factory):
+    """A bookie checks its records' CRCs for readers that cannot check digests (a keyless copier)
+    and skips them for readers that say they check every digest themselves, which then catch a
+    rotted record by its digest and read it from another replica."""
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
+        await pipelined(lh, 30)
+        await lh.close()
+        victim_id = lh.metadata.fragments[0].bookies[0]     # range reads start on the first replica
+        victim = cluster.by_id(victim_id)
+        victim.stop()                                        # a clean stop checkpoints to the entry log
+        assert flip_in_entry_logs(victim, payload(lh.ledger_id, 3), reseal=False) == 1
+        victim.start()
+        c = await bk.client(victim_id)
+        with pytest.raises(BookieError, match="3 fails its checksum"):
+            await c.read(lh.ledger_id, 3)
+        [(first, bodies, sizes)] = [a async for a in c.read_packed(lh.ledger_id, 3, 3, digests_checked=True)]
+        with pytest.raises(DigestMismatch):
+            decode(bodies, lh.metadata.digest_type, b"pw")
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await read_all(rh) == expected(lh.ledger_id, 29)
+        assert bk.digest_mismatches == 1
 
 
 async def test_close_losing_its_cas_to_recovery_follows_the_close_rules(cluster_factory):
