@@ -1,10 +1,14 @@
 """`pybk bench floor`: the latency floor of a window-1 replicated add on this machine.
 
-It runs the shape of `pybk bench write --windows 1` with no pybk in it: N bare gRPC aio servers
-(one bidi stream each; every message is appended to a file and fdatasync'd, then answered) and
+It runs the shape of `pybk bench write --windows 1` with no pybk in it: N bare gRPC servers
+(one bidi stream each; every message is appended to a file and made durable, then answered) and
 one client that sends each message to all of them and waits for `--ack-quorum` answers before
 sending the next. Whatever latency this shows, no bookie built on Python gRPC can beat on the
 same machine; compare it with `pybk bench write` to see what pybk's own work costs.
+
+The variants drive the same HTTP/2 transport in other ways (`--client`, `--server`, `--loop`,
+`--fsync`, `--grpc-option`; gRPC's environment variables such as GRPC_POLL_STRATEGY reach the
+servers too), so a change to pybk's client or bookie can be measured here first.
 """
 from __future__ import annotations
 
@@ -12,15 +16,33 @@ import argparse
 import asyncio
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from typing import Callable
 
 from pybk.bench.stats import cpu_seconds, percentile
 from pybk.local.process import free_port
 
 _METHOD = "/pybk.bench.Floor/Append"
+_METHOD_ONE = "/pybk.bench.Floor/AppendOne"
+_CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (pybk's shape)",
+            "aio-gather": "grpc.aio, the three writes started together and awaited with asyncio.gather",
+            "aio-iterator": "grpc.aio, each stream fed by an async generator reading an asyncio.Queue "
+                            "(pybk's BookieClient sends so)",
+            "aio-unary": "grpc.aio, one unary call per message and server, answers counted in done callbacks",
+            "sync": "grpc's synchronous API: a request queue and a reader thread per stream",
+            "sync-unary": "grpc's synchronous API, one unary call (future) per message and server, answers "
+                          "counted in done callbacks on gRPC's channel thread"}
+_SERVERS = {"aio": "grpc.aio server, an async generator per stream",
+            "aio-context": "grpc.aio server reading and writing with context.read and context.write "
+                           "(pybk's bookie writes its answers so)",
+            "sync": "grpc.server with a thread pool: a thread per stream iterating its requests"}
+_FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
+           "dsync": "one os.write to a file opened with O_DSYNC", "none": "os.write only"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,51 +51,142 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", type=int, default=3000, help="messages sent one at a time (default 3000)")
     parser.add_argument("--size", type=int, default=1024 + 30, help="bytes per message (default 1054: a 1 KiB "
                         "entry with its header)")
-    parser.add_argument("--no-fsync", action="store_true", help="append without fdatasync")
+    parser.add_argument("--client", choices=list(_CLIENTS), default="aio", help="how the client drives its "
+                        "streams: " + "; ".join(f"{k}: {v}" for k, v in _CLIENTS.items()))
+    parser.add_argument("--server", choices=list(_SERVERS), default="aio", help="how the servers serve their "
+                        "stream: " + "; ".join(f"{k}: {v}" for k, v in _SERVERS.items()))
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop of the aio "
+                        "client and aio servers (uvloop must be installed; grpc.aio wakes the loop through a "
+                        "socket it watches with add_reader, which uvloop supports)")
+    parser.add_argument("--fsync", choices=list(_FSYNCS), default="fdatasync", help="how a server makes each "
+                        "message durable: " + "; ".join(f"{k}: {v}" for k, v in _FSYNCS.items()))
+    parser.add_argument("--no-fsync", action="store_true", help="same as --fsync none")
+    parser.add_argument("--grpc-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a gRPC channel argument given to the client's channels and the servers, e.g. "
+                        "grpc.enable_retries=0, grpc.minimal_stack=1, grpc.enable_channelz=0, "
+                        "grpc.http2.write_buffer_size=0 (integers are passed as integers; repeat for more)")
     parser.add_argument("--dir", default=None, help="where the servers' files go (default: a temp dir)")
     parser.add_argument("-o", "--output", choices=["human", "json"], default="human")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
 
 
-async def _serve(port: int, path: str, fsync: bool) -> None:
-    import grpc
+def _grpc_options(specs: list[str]) -> list[tuple[str, int | str]]:
+    """NAME=VALUE strings as gRPC channel arguments; ValueError names the bad one."""
+    options = []
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--grpc-option {spec!r} is not NAME=VALUE")
+        options.append((name, int(value) if value.lstrip("-").isdigit() else value))
+    return options
 
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+
+def _writer(path: str, fsync: str) -> Callable[[bytes], None]:
+    """Append one message to `path` and make it durable the way `fsync` names."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND | (os.O_DSYNC if fsync == "dsync" else 0), 0o644)
+    if fsync != "fdatasync":
+        return lambda message: os.write(fd, message) and None
+
+    def write(message: bytes) -> None:
+        os.write(fd, message)
+        os.fdatasync(fd)
+    return write
+
+
+def _handler(append, append_one):
+    import grpc
+    return grpc.method_handlers_generic_handler("pybk.bench.Floor", {
+        "Append": grpc.stream_stream_rpc_method_handler(append),
+        "AppendOne": grpc.unary_unary_rpc_method_handler(append_one)})
+
+
+async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, via_context: bool) -> None:
+    import grpc
 
     async def append(requests, context):
         async for message in requests:
-            os.write(fd, message)
-            if fsync:
-                os.fdatasync(fd)
+            write(message)
             yield message[:8]
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "pybk.bench.Floor", {"Append": grpc.stream_stream_rpc_method_handler(append)}),))
+    async def append_via_context(requests, context):
+        while (message := await context.read()) is not grpc.aio.EOF:
+            write(message)
+            await context.write(message[:8])
+
+    async def append_one(message, context):
+        write(message)
+        return message[:8]
+
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((_handler(append_via_context if via_context else append, append_one),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
 
 
-async def _measure(ports: list[int], entries: int, size: int, quorum: int) -> tuple[list[float], float]:
+def _serve_sync(port: int, write: Callable[[bytes], None], options: list) -> None:
+    from concurrent import futures
+
     import grpc
 
-    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}") for p in ports]
+    def append(requests, context):
+        for message in requests:
+            write(message)
+            yield message[:8]
+
+    def append_one(message, context):
+        write(message)
+        return message[:8]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
+    server.add_generic_rpc_handlers((_handler(append, append_one),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+class _Acks:
+    """Counts answers per message; `answer` says when a message has just reached its quorum."""
+
+    def __init__(self, quorum: int, servers: int) -> None:
+        self.quorum, self.servers, self.counts = quorum, servers, {}
+
+    def answer(self, seq: int) -> bool:
+        self.counts[seq] = n = self.counts.get(seq, 0) + 1
+        if n == self.servers:
+            del self.counts[seq]
+        return n == self.quorum
+
+
+async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, mode: str,
+                       options: list) -> tuple[list[float], float]:
+    import grpc
+
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
     for ch in channels:
         await asyncio.wait_for(ch.channel_ready(), 30)
-    calls = [ch.stream_stream(_METHOD)() for ch in channels]
+    outboxes: list[asyncio.Queue] = [asyncio.Queue() for _ in ports]
+
+    async def requests(outbox: asyncio.Queue):
+        while (message := await outbox.get()) is not None:
+            yield message
+
+    if mode == "aio-iterator":
+        calls = [ch.stream_stream(_METHOD)(requests(box)) for ch, box in zip(channels, outboxes)]
+    else:
+        calls = [ch.stream_stream(_METHOD)() for ch in channels]
+    unaries = [ch.unary_unary(_METHOD_ONE) for ch in channels]
     loop = asyncio.get_running_loop()
-    acks: dict[int, int] = {}
+    acks = _Acks(quorum, len(calls))
     waiting: dict[int, asyncio.Future] = {}
+
+    def answered(seq: int) -> None:
+        if acks.answer(seq):
+            waiting.pop(seq).set_result(None)
 
     async def answers(call) -> None:
         while (answer := await call.read()) is not grpc.aio.EOF:
-            seq = int.from_bytes(answer, "big")
-            acks[seq] = n = acks.get(seq, 0) + 1
-            if n == quorum:
-                waiting.pop(seq).set_result(None)
-            if n == len(calls):
-                del acks[seq]
+            answered(int.from_bytes(answer, "big"))
 
     readers = [loop.create_task(answers(c)) for c in calls]
     payload = b"x" * max(0, size - 8)
@@ -83,13 +196,25 @@ async def _measure(ports: list[int], entries: int, size: int, quorum: int) -> tu
         message = seq.to_bytes(8, "big") + payload
         waiting[seq] = done = loop.create_future()
         t0 = time.perf_counter()
-        for call in calls:
-            await call.write(message)
+        if mode == "aio-unary":
+            for unary in unaries:
+                unary(message).add_done_callback(lambda _, seq=seq: answered(seq))
+        elif mode == "aio-iterator":
+            for box in outboxes:
+                box.put_nowait(message)
+        elif mode == "aio-gather":
+            await asyncio.gather(*(call.write(message) for call in calls))
+        else:
+            for call in calls:
+                await call.write(message)
         await done
         latencies.append(time.perf_counter() - t0)
     client_cpu = time.process_time() - cpu0
-    for call in calls:
-        await call.done_writing()
+    for call, box in zip(calls, outboxes):
+        if mode == "aio-iterator":
+            box.put_nowait(None)
+        else:
+            await call.done_writing()
     for r in readers:
         r.cancel()
     for ch in channels:
@@ -97,35 +222,114 @@ async def _measure(ports: list[int], entries: int, size: int, quorum: int) -> tu
     return sorted(latencies), client_cpu
 
 
+def _measure_sync(ports: list[int], entries: int, size: int, quorum: int, unary: bool,
+                  options: list) -> tuple[list[float], float]:
+    import grpc
+
+    channels = [grpc.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
+    for ch in channels:
+        grpc.channel_ready_future(ch).result(timeout=30)
+    outboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in ports]
+    calls = [ch.stream_stream(_METHOD)(iter(box.get, None)) for ch, box in zip(channels, outboxes)]
+    unaries = [ch.unary_unary(_METHOD_ONE) for ch in channels]
+    acks, lock = _Acks(quorum, len(calls)), threading.Lock()
+    waiting: dict[int, threading.Event] = {}
+
+    def answered(seq: int) -> None:
+        with lock:
+            if acks.answer(seq):
+                waiting.pop(seq).set()
+
+    def answers(call) -> None:
+        for answer in call:
+            answered(int.from_bytes(answer, "big"))
+
+    readers = [threading.Thread(target=answers, args=(c,), daemon=True) for c in calls]
+    for r in readers:
+        r.start()
+    payload = b"x" * max(0, size - 8)
+    latencies = []
+    cpu0 = time.process_time()
+    for seq in range(entries):
+        message = seq.to_bytes(8, "big") + payload
+        with lock:
+            waiting[seq] = done = threading.Event()
+        t0 = time.perf_counter()
+        if unary:
+            for one in unaries:
+                one.future(message).add_done_callback(lambda _, seq=seq: answered(seq))
+        else:
+            for box in outboxes:
+                box.put(message)
+        done.wait()
+        latencies.append(time.perf_counter() - t0)
+    client_cpu = time.process_time() - cpu0
+    for box in outboxes:
+        box.put(None)
+    for r in readers:
+        r.join(30)
+    for ch in channels:
+        ch.close()
+    return sorted(latencies), client_cpu
+
+
+def _run_loop(loop: str, coro):
+    """Run `coro` on the named event loop."""
+    if loop == "uvloop":
+        import uvloop
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return asyncio.run(coro)
+
+
 def run(args: argparse.Namespace) -> int:
+    fsync = "none" if args.no_fsync else args.fsync
+    try:
+        options = _grpc_options(args.grpc_option)
+    except ValueError as e:
+        print(f"pybk bench floor: {e}", file=sys.stderr)
+        return 2
     if args.serve:
-        asyncio.run(_serve(int(args.serve[0]), args.serve[1], not args.no_fsync))
+        write = _writer(args.serve[1], fsync)
+        if args.server == "sync":
+            _serve_sync(int(args.serve[0]), write, options)
+        else:
+            _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server == "aio-context"))
         return 0
     if not 1 <= args.ack_quorum <= args.servers:
         print("pybk bench floor: --ack-quorum must be between 1 and --servers", file=sys.stderr)
         return 2
+    variant = ["--server", args.server, "--loop", args.loop, "--fsync", fsync]
+    variant += [f"--grpc-option={spec}" for spec in args.grpc_option]
     with tempfile.TemporaryDirectory(prefix="pybk-floor-", dir=args.dir) as tmp:
         ports = [free_port() for _ in range(args.servers)]
         procs = [subprocess.Popen([sys.executable, "-m", "pybk.cli", "bench", "floor", "--serve", str(p),
-                                   os.path.join(tmp, f"server-{i}.log")] + (["--no-fsync"] if args.no_fsync else []))
+                                   os.path.join(tmp, f"server-{i}.log")] + variant)
                  for i, p in enumerate(ports)]
         try:
             cpu_before = cpu_seconds([p.pid for p in procs])
-            lat, client_cpu = asyncio.run(_measure(ports, args.entries, args.size, args.ack_quorum))
+            if args.client.startswith("sync"):
+                lat, client_cpu = _measure_sync(ports, args.entries, args.size, args.ack_quorum,
+                                                args.client == "sync-unary", options)
+            else:
+                lat, client_cpu = _run_loop(args.loop, _measure_aio(
+                    ports, args.entries, args.size, args.ack_quorum, args.client, options))
             server_cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
     result = {"servers": args.servers, "ack_quorum": args.ack_quorum, "entries": args.entries, "size": args.size,
-              "fsync": not args.no_fsync, "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+              "client": args.client, "server": args.server, "loop": args.loop, "fsync": fsync,
+              "grpc_options": dict(options), "answered": len(lat),
+              "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
               "client_cpu_us": client_cpu / args.entries * 1e6, "servers_cpu_us": server_cpu / args.entries * 1e6}
     if args.output == "json":
         print(json.dumps(result))
     else:
-        print(f"bare gRPC aio, {args.servers} servers, ack quorum {args.ack_quorum}, window 1, {args.size} B, "
-              f"fdatasync {'on' if result['fsync'] else 'off'}: latency p50 {result['p50_ms']:.2f} ms, "
-              f"p99 {result['p99_ms']:.2f} ms; CPU per message: client {result['client_cpu_us']:.1f} us, "
-              f"servers {result['servers_cpu_us']:.1f} us")
-        print("command: pybk bench " + " ".join(sys.argv[sys.argv.index("floor"):]))
+        print(f"bare gRPC, client {args.client}, servers {args.server}, loop {args.loop}, {args.servers} servers, "
+              f"ack quorum {args.ack_quorum}, window 1, {args.size} B, durability {fsync}: latency p50 "
+              f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms; CPU per message: client "
+              f"{result['client_cpu_us']:.1f} us, servers {result['servers_cpu_us']:.1f} us")
+        print("command: pybk bench floor " + " ".join(sys.argv[sys.argv.index("floor") + 1:]))
     return 0

@@ -1,22 +1,64 @@
-"""`pybk bench floor` runs its bare servers, answers every message and cleans up."""
+"""`pybk bench floor` runs its bare servers in every variant, answers every message and cleans up."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
+import pytest
 
-def test_floor_bench_reports_latency_for_every_message_and_leaves_no_server(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pybk.cli", "bench", "floor", "--entries", "50", "--dir",
-                          str(tmp_path), "-o", "json"], capture_output=True, text=True, timeout=120)
+_VARIANTS = [
+    [],
+    ["--client", "aio-gather"],
+    ["--client", "aio-iterator"],
+    ["--client", "aio-unary"],
+    ["--client", "sync"],
+    ["--client", "sync-unary"],
+    ["--server", "sync"],
+    ["--server", "aio-context"],
+    ["--client", "sync", "--server", "sync"],
+    ["--fsync", "dsync"],
+    ["--fsync", "none"],
+    ["--grpc-option", "grpc.enable_retries=0", "--grpc-option", "grpc.http2.write_buffer_size=0"],
+    pytest.param(["--loop", "uvloop"], marks=pytest.mark.skipif(
+        importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")),
+]
+
+
+def _floor(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pybk.cli", "bench", "floor", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("variant", _VARIANTS, ids=lambda v: " ".join(v) or "baseline")
+def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path, variant):
+    out = _floor("--entries", "50", "--dir", str(tmp_path), "-o", "json", *variant)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["entries"] == 50 and result["servers"] == 3 and result["ack_quorum"] == 2
+    assert result["entries"] == result["answered"] == 50
+    assert result["servers"] == 3 and result["ack_quorum"] == 2
+    flags, options = {}, {}
+    for flag, value in zip(variant[::2], variant[1::2]):
+        if flag == "--grpc-option":
+            name, _, number = value.partition("=")
+            options[name] = int(number)
+        else:
+            flags[flag] = value
+    assert result["client"] == flags.get("--client", "aio") and result["server"] == flags.get("--server", "aio")
+    assert result["loop"] == flags.get("--loop", "asyncio") and result["fsync"] == flags.get("--fsync", "fdatasync")
+    assert result["grpc_options"] == options
     assert 0 < result["p50_ms"] <= result["p99_ms"]
+    assert result["client_cpu_us"] > 0
     assert list(tmp_path.iterdir()) == []  # the temp dir with the servers' files is gone
 
 
 def test_floor_bench_refuses_an_impossible_quorum():
-    out = subprocess.run([sys.executable, "-m", "pybk.cli", "bench", "floor", "--ack-quorum", "4"],
-                         capture_output=True, text=True, timeout=60)
+    out = _floor("--ack-quorum", "4", timeout=60)
     assert out.returncode == 2 and "--ack-quorum" in out.stderr
+
+
+def test_floor_bench_refuses_a_grpc_option_without_a_value():
+    out = _floor("--grpc-option", "grpc.enable_retries", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("pybk bench floor: --grpc-option 'grpc.enable_retries' is not NAME=VALUE")
