@@ -29,7 +29,7 @@ from pybk.local.process import free_port
 
 _METHOD = "/pybk.bench.Floor/Append"
 _METHOD_ONE = "/pybk.bench.Floor/AppendOne"
-_CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (pybk's shape)",
+_CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the baseline)",
             "aio-gather": "grpc.aio, the three writes started together and awaited with asyncio.gather",
             "aio-iterator": "grpc.aio, each stream fed by an async generator reading an asyncio.Queue "
                             "(pybk's BookieClient sends so)",
@@ -46,6 +46,10 @@ _FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("gRPC's own environment variables (GRPC_POLL_STRATEGY=epoll1|poll, GRPC_EXPERIMENTS) reach "
+                     "the client and the servers: prefix the command with them to measure them. "
+                     "grpc.experimental.ChannelOptions.SingleThreadedUnaryStream is not a variant: it only "
+                     "changes unary-stream calls of the synchronous API, a shape a replicated add does not have.")
     parser.add_argument("--servers", type=int, default=3, help="servers each message goes to (default 3)")
     parser.add_argument("--ack-quorum", type=int, default=2, help="answers awaited per message (default 2)")
     parser.add_argument("--entries", type=int, default=3000, help="messages sent one at a time (default 3000)")
@@ -65,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a gRPC channel argument given to the client's channels and the servers, e.g. "
                         "grpc.enable_retries=0, grpc.minimal_stack=1, grpc.enable_channelz=0, "
                         "grpc.http2.write_buffer_size=0 (integers are passed as integers; repeat for more)")
+    parser.add_argument("--gc-threshold", type=int, default=None, metavar="N", help="in the client and the "
+                        "servers, freeze the objects made at start (gc.freeze) and collect the youngest "
+                        "generation every N allocations instead of Python's 700: fewer and cheaper collections")
     parser.add_argument("--dir", default=None, help="where the servers' files go (default: a temp dir)")
     parser.add_argument("-o", "--output", choices=["human", "json"], default="human")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
@@ -273,6 +280,14 @@ def _measure_sync(ports: list[int], entries: int, size: int, quorum: int, unary:
     return sorted(latencies), client_cpu
 
 
+def _tune_gc(threshold: int | None) -> None:
+    """Move what exists now out of the collector's sight and collect less often, when asked."""
+    if threshold is not None:
+        import gc
+        gc.freeze()
+        gc.set_threshold(threshold, *gc.get_threshold()[1:])
+
+
 def _run_loop(loop: str, coro):
     """Run `coro` on the named event loop."""
     if loop == "uvloop":
@@ -290,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pybk bench floor: {e}", file=sys.stderr)
         return 2
     if args.serve:
+        import grpc  # noqa: F401 - imported before the gc freeze, like the client's
+        _tune_gc(args.gc_threshold)
         write = _writer(args.serve[1], fsync)
         if args.server == "sync":
             _serve_sync(int(args.serve[0]), write, options)
@@ -301,12 +318,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     variant = ["--server", args.server, "--loop", args.loop, "--fsync", fsync]
     variant += [f"--grpc-option={spec}" for spec in args.grpc_option]
+    variant += [] if args.gc_threshold is None else ["--gc-threshold", str(args.gc_threshold)]
     with tempfile.TemporaryDirectory(prefix="pybk-floor-", dir=args.dir) as tmp:
         ports = [free_port() for _ in range(args.servers)]
         procs = [subprocess.Popen([sys.executable, "-m", "pybk.cli", "bench", "floor", "--serve", str(p),
                                    os.path.join(tmp, f"server-{i}.log")] + variant)
                  for i, p in enumerate(ports)]
         try:
+            import grpc  # noqa: F401 - imported before the gc freeze
+            _tune_gc(args.gc_threshold)
             cpu_before = cpu_seconds([p.pid for p in procs])
             if args.client.startswith("sync"):
                 lat, client_cpu = _measure_sync(ports, args.entries, args.size, args.ack_quorum,
@@ -321,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                 p.wait()
     result = {"servers": args.servers, "ack_quorum": args.ack_quorum, "entries": args.entries, "size": args.size,
               "client": args.client, "server": args.server, "loop": args.loop, "fsync": fsync,
-              "grpc_options": dict(options), "answered": len(lat),
+              "grpc_options": dict(options), "gc_threshold": args.gc_threshold, "answered": len(lat),
               "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
               "client_cpu_us": client_cpu / args.entries * 1e6, "servers_cpu_us": server_cpu / args.entries * 1e6}
     if args.output == "json":
