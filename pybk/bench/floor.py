@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
 import os
 import queue
@@ -29,6 +30,38 @@ from pybk.local.process import free_port
 
 _METHOD = "/pybk.bench.Floor/Append"
 _METHOD_ONE = "/pybk.bench.Floor/AppendOne"
+
+
+class Client(enum.StrEnum):
+    """How the client drives its streams (described in _CLIENTS)."""
+    AIO = "aio"
+    AIO_GATHER = "aio-gather"
+    AIO_ITERATOR = "aio-iterator"
+    AIO_UNARY = "aio-unary"
+    SYNC = "sync"
+    SYNC_UNARY = "sync-unary"
+
+
+class Server(enum.StrEnum):
+    """How a server serves its stream (described in _SERVERS)."""
+    AIO = "aio"
+    AIO_CONTEXT = "aio-context"
+    SYNC = "sync"
+
+
+class Loop(enum.StrEnum):
+    """The event loop an aio side runs on."""
+    ASYNCIO = "asyncio"
+    UVLOOP = "uvloop"
+
+
+class Fsync(enum.StrEnum):
+    """How a server makes each message durable (described in _FSYNCS)."""
+    FDATASYNC = "fdatasync"
+    DSYNC = "dsync"
+    NONE = "none"
+
+
 _CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the baseline)",
             "aio-gather": "grpc.aio, the three writes started together and awaited with asyncio.gather",
             "aio-iterator": "grpc.aio, each stream fed by an async generator reading an asyncio.Queue "
@@ -45,6 +78,10 @@ _FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
            "dsync": "one os.write to a file opened with O_DSYNC", "none": "os.write only"}
 
 
+def _listed(described: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {what}" for name, what in described.items())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("gRPC's own environment variables (GRPC_POLL_STRATEGY=epoll1|poll, GRPC_EXPERIMENTS) reach "
                      "the client and the servers: prefix the command with them to measure them. "
@@ -55,15 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", type=int, default=3000, help="messages sent one at a time (default 3000)")
     parser.add_argument("--size", type=int, default=1024 + 30, help="bytes per message (default 1054: a 1 KiB "
                         "entry with its header)")
-    parser.add_argument("--client", choices=list(_CLIENTS), default="aio", help="how the client drives its "
-                        "streams: " + "; ".join(f"{k}: {v}" for k, v in _CLIENTS.items()))
-    parser.add_argument("--server", choices=list(_SERVERS), default="aio", help="how the servers serve their "
-                        "stream: " + "; ".join(f"{k}: {v}" for k, v in _SERVERS.items()))
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop of the aio "
+    parser.add_argument("--client", type=Client, choices=list(Client), default=Client.AIO,
+                        help="how the client drives its streams: " + _listed(_CLIENTS))
+    parser.add_argument("--server", type=Server, choices=list(Server), default=Server.AIO,
+                        help="how the servers serve their stream: " + _listed(_SERVERS))
+    parser.add_argument("--loop", type=Loop, choices=list(Loop), default=Loop.ASYNCIO, help="event loop of the aio "
                         "client and aio servers (uvloop must be installed; grpc.aio wakes the loop through a "
                         "socket it watches with add_reader, which uvloop supports)")
-    parser.add_argument("--fsync", choices=list(_FSYNCS), default="fdatasync", help="how a server makes each "
-                        "message durable: " + "; ".join(f"{k}: {v}" for k, v in _FSYNCS.items()))
+    parser.add_argument("--server-loop", type=Loop, choices=list(Loop), default=None, help="event loop of the aio "
+                        "servers alone (default: --loop), to see which side a loop helps")
+    parser.add_argument("--fsync", type=Fsync, choices=list(Fsync), default=Fsync.FDATASYNC,
+                        help="how a server makes each message durable: " + _listed(_FSYNCS))
     parser.add_argument("--no-fsync", action="store_true", help="same as --fsync none")
     parser.add_argument("--grpc-option", action="append", default=[], metavar="NAME=VALUE",
                         help="a gRPC channel argument given to the client's channels and the servers, e.g. "
@@ -88,10 +127,10 @@ def _grpc_options(specs: list[str]) -> list[tuple[str, int | str]]:
     return options
 
 
-def _writer(path: str, fsync: str) -> Callable[[bytes], None]:
+def _writer(path: str, fsync: Fsync) -> Callable[[bytes], None]:
     """Append one message to `path` and make it durable the way `fsync` names."""
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND | (os.O_DSYNC if fsync == "dsync" else 0), 0o644)
-    if fsync != "fdatasync":
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND | (os.O_DSYNC if fsync is Fsync.DSYNC else 0), 0o644)
+    if fsync is not Fsync.FDATASYNC:
         return lambda message: os.write(fd, message) and None
 
     def write(message: bytes) -> None:
@@ -165,7 +204,7 @@ class _Acks:
         return n == self.quorum
 
 
-async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, mode: str,
+async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, mode: Client,
                        options: list) -> tuple[list[float], float]:
     import grpc
 
@@ -178,7 +217,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         while (message := await outbox.get()) is not None:
             yield message
 
-    if mode == "aio-iterator":
+    if mode is Client.AIO_ITERATOR:
         calls = [ch.stream_stream(_METHOD)(requests(box)) for ch, box in zip(channels, outboxes)]
     else:
         calls = [ch.stream_stream(_METHOD)() for ch in channels]
@@ -203,13 +242,13 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         message = seq.to_bytes(8, "big") + payload
         waiting[seq] = done = loop.create_future()
         t0 = time.perf_counter()
-        if mode == "aio-unary":
+        if mode is Client.AIO_UNARY:
             for unary in unaries:
                 unary(message).add_done_callback(lambda _, seq=seq: answered(seq))
-        elif mode == "aio-iterator":
+        elif mode is Client.AIO_ITERATOR:
             for box in outboxes:
                 box.put_nowait(message)
-        elif mode == "aio-gather":
+        elif mode is Client.AIO_GATHER:
             await asyncio.gather(*(call.write(message) for call in calls))
         else:
             for call in calls:
@@ -218,7 +257,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         latencies.append(time.perf_counter() - t0)
     client_cpu = time.process_time() - cpu0
     for call, box in zip(calls, outboxes):
-        if mode == "aio-iterator":
+        if mode is Client.AIO_ITERATOR:
             box.put_nowait(None)
         else:
             await call.done_writing()
@@ -288,9 +327,9 @@ def _tune_gc(threshold: int | None) -> None:
         gc.set_threshold(threshold, *gc.get_threshold()[1:])
 
 
-def _run_loop(loop: str, coro):
+def _run_loop(loop: Loop, coro):
     """Run `coro` on the named event loop."""
-    if loop == "uvloop":
+    if loop is Loop.UVLOOP:
         import uvloop
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(coro)
@@ -298,7 +337,7 @@ def _run_loop(loop: str, coro):
 
 
 def run(args: argparse.Namespace) -> int:
-    fsync = "none" if args.no_fsync else args.fsync
+    fsync = Fsync.NONE if args.no_fsync else args.fsync
     try:
         options = _grpc_options(args.grpc_option)
     except ValueError as e:
@@ -308,15 +347,16 @@ def run(args: argparse.Namespace) -> int:
         import grpc  # noqa: F401 - imported before the gc freeze, like the client's
         _tune_gc(args.gc_threshold)
         write = _writer(args.serve[1], fsync)
-        if args.server == "sync":
+        if args.server is Server.SYNC:
             _serve_sync(int(args.serve[0]), write, options)
         else:
-            _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server == "aio-context"))
+            _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server is Server.AIO_CONTEXT))
         return 0
     if not 1 <= args.ack_quorum <= args.servers:
         print("pybk bench floor: --ack-quorum must be between 1 and --servers", file=sys.stderr)
         return 2
-    variant = ["--server", args.server, "--loop", args.loop, "--fsync", fsync]
+    server_loop = args.server_loop or args.loop
+    variant = ["--server", args.server, "--loop", server_loop, "--fsync", fsync]
     variant += [f"--grpc-option={spec}" for spec in args.grpc_option]
     variant += [] if args.gc_threshold is None else ["--gc-threshold", str(args.gc_threshold)]
     with tempfile.TemporaryDirectory(prefix="pybk-floor-", dir=args.dir) as tmp:
@@ -328,9 +368,9 @@ def run(args: argparse.Namespace) -> int:
             import grpc  # noqa: F401 - imported before the gc freeze
             _tune_gc(args.gc_threshold)
             cpu_before = cpu_seconds([p.pid for p in procs])
-            if args.client.startswith("sync"):
+            if args.client in (Client.SYNC, Client.SYNC_UNARY):
                 lat, client_cpu = _measure_sync(ports, args.entries, args.size, args.ack_quorum,
-                                                args.client == "sync-unary", options)
+                                                args.client is Client.SYNC_UNARY, options)
             else:
                 lat, client_cpu = _run_loop(args.loop, _measure_aio(
                     ports, args.entries, args.size, args.ack_quorum, args.client, options))
@@ -340,15 +380,15 @@ def run(args: argparse.Namespace) -> int:
                 p.kill()
                 p.wait()
     result = {"servers": args.servers, "ack_quorum": args.ack_quorum, "entries": args.entries, "size": args.size,
-              "client": args.client, "server": args.server, "loop": args.loop, "fsync": fsync,
-              "grpc_options": dict(options), "gc_threshold": args.gc_threshold, "answered": len(lat),
+              "client": args.client, "server": args.server, "loop": args.loop, "server_loop": server_loop,
+              "fsync": fsync, "grpc_options": dict(options), "gc_threshold": args.gc_threshold, "answered": len(lat),
               "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
               "client_cpu_us": client_cpu / args.entries * 1e6, "servers_cpu_us": server_cpu / args.entries * 1e6}
     if args.output == "json":
         print(json.dumps(result))
     else:
-        print(f"bare gRPC, client {args.client}, servers {args.server}, loop {args.loop}, {args.servers} servers, "
-              f"ack quorum {args.ack_quorum}, window 1, {args.size} B, durability {fsync}: latency p50 "
+        print(f"bare gRPC, client {args.client} on {args.loop}, {args.servers} servers {args.server} on "
+              f"{server_loop}, ack quorum {args.ack_quorum}, window 1, {args.size} B, durability {fsync}: latency p50 "
               f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms; CPU per message: client "
               f"{result['client_cpu_us']:.1f} us, servers {result['servers_cpu_us']:.1f} us")
         print("command: pybk bench floor " + " ".join(sys.argv[sys.argv.index("floor") + 1:]))

@@ -22,8 +22,9 @@ _VARIANTS = [
     ["--fsync", "none"],
     ["--gc-threshold", "50000"],
     ["--grpc-option", "grpc.enable_retries=0", "--grpc-option", "grpc.http2.write_buffer_size=0"],
-    pytest.param(["--loop", "uvloop"], marks=pytest.mark.skipif(
-        importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")),
+    *[pytest.param(variant, marks=pytest.mark.skipif(importlib.util.find_spec("uvloop") is None,
+                                                     reason="uvloop is not installed"))
+      for variant in (["--loop", "uvloop"], ["--server-loop", "uvloop"])],
 ]
 
 
@@ -48,6 +49,7 @@ def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path
             flags[flag] = value
     assert result["client"] == flags.get("--client", "aio") and result["server"] == flags.get("--server", "aio")
     assert result["loop"] == flags.get("--loop", "asyncio") and result["fsync"] == flags.get("--fsync", "fdatasync")
+    assert result["server_loop"] == flags.get("--server-loop", result["loop"])
     assert result["grpc_options"] == options
     assert result["gc_threshold"] == (int(flags["--gc-threshold"]) if "--gc-threshold" in flags else None)
     assert 0 < result["p50_ms"] <= result["p99_ms"]
