@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -48,6 +48,38 @@ JOURNAL_LOSS_FILE = "journal.loss"  # in the journal dir: an accepted loss not y
 LOCK_FILE = "LOCK"  # in the journal dir: flock'd by the process that has the dirs open
 DISK_READ_ENTRIES = 4096  # entries per worker-thread read from the entry logs
 READ_SPAN = 4 << 20  # neighbouring records within this many bytes of a run's first are read with one pread
+
+
+class AddRun(NamedTuple):
+    """Entries of one ledger with one master key and flags, as add_runs takes them: a packed
+    run of the wire (pb.AddRun) or consecutive AddEntry messages alike."""
+
+    ledger_id: int
+    master_key: bytes
+    flags: int
+    entry_ids: Sequence[int]
+    bodies: Sequence[bytes]
+
+
+def runs_of(entries) -> list[AddRun]:
+    """pb.AddEntry messages grouped into runs of consecutive entries with the same ledger, key
+    and flags (the order kept, so an entry's index is the same in both)."""
+    runs: list[AddRun] = []
+    ids: list[int] = []
+    bodies: list[bytes] = []
+    last = None
+    for e in entries:
+        k = (e.ledger_id, e.master_key, e.flags)
+        if k != last:
+            ids, bodies, last = [], [], k
+            runs.append(AddRun(*k, ids, bodies))
+        ids.append(e.entry_id)
+        bodies.append(e.body)
+    return runs
+
+
+def _count(runs: Sequence[AddRun]) -> int:
+    return sum(len(r.entry_ids) for r in runs)
 
 
 class DirsInUseError(Exception):
@@ -260,12 +292,20 @@ class Bookie:
 
     def add_batch(self, entries, keyless: bool = False, admit: Admission | None = None
                   ) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:
-        """Validate and journal a batch of pb.AddEntry (a sequence).
+        """Validate and journal a batch of pb.AddEntry (a sequence): add_runs of its runs
+        (runs_of); the refusals' indices are the entries' positions in `entries`."""
+        return self.add_runs(runs_of(entries), keyless, admit)
 
-        Returns the refused ones as (index, status, message) (every other entry is OK once the
-        future completes) and a future that completes when the accepted ones are durable (None if
-        none were accepted). Accepted entries are in the write cache before this returns (readers
-        may see them; they only read up to a LAC, which only durable quorums advance).
+    def add_runs(self, runs: Sequence[AddRun], keyless: bool = False, admit: Admission | None = None
+                 ) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:
+        """Validate and journal a batch of runs (AddRun: entries of one ledger, key and flags).
+
+        Returns the refused entries as (index, status, message), index counting the entries of
+        all runs in order, in ascending order (every other entry is OK once the future completes),
+        and a future that completes when the accepted ones are durable (None if none were
+        accepted). Accepted entries are in the write cache before this returns (readers may see
+        them; they only read up to a LAC, which only durable quorums advance). Every entry is
+        checked alone (size, header, LAC); the key and fencing are decided once per run.
 
         `keyless`: the caller may do keyless recovery (admin), so recovery adds with an empty key
         are accepted (and record no key). `admit(ledger, key)` decides a key this bookie would
@@ -274,11 +314,11 @@ class Bookie:
         the service to add again). None accepts every first key (a bookie without metadata)."""
         errors: list[tuple[int, int, str]] = []
         if self.read_only:
-            return [(i, pb.READ_ONLY, "bookie is read-only") for i in range(len(entries))], None
+            return [(i, pb.READ_ONLY, "bookie is read-only") for i in range(_count(runs))], None
         if self.backlog_bytes() >= self.opts.max_write_cache_bytes:
             self.request_checkpoint()
             return [(i, pb.TOO_MANY_REQUESTS, "write cache full, checkpoint behind: retry shortly")
-                    for i in range(len(entries))], None
+                    for i in range(_count(runs))], None
         records: list[bytes] = []
         append = records.append
         ledgers = self.ledgers
@@ -292,50 +332,61 @@ class Bookie:
         last_ledger = -1
         st = None
         accepted: dict[int, dict[int, bytes]] = {}  # ledger -> entry id -> body
-        run: dict[int, bytes] = {}  # accepted[last_ledger]
+        acc: dict[int, bytes] = {}  # accepted[last_ledger]
         cur_key = b""
         cur_recovery_only = False  # fenced, or a keyless run: only recovery adds pass
         cur_lac = -1
-        for i, e in enumerate(entries):
-            ledger = e.ledger_id
-            eid = e.entry_id
-            body = e.body
-            size = len(body)
-            if size < HEADER_SIZE or size > max_size:
-                errors.append((i, _BAD, f"entry body of {size} bytes: must be {HEADER_SIZE}..{max_size} bytes"))
-                continue
-            hl, he, hlac, _ = unpack(body)
-            if hl != ledger or he != eid or eid < 0:
-                errors.append((i, _BAD, f"request says entry {ledger}:{eid}, body header says {hl}:{he}"))
-                continue
-            if hlac >= eid:
-                errors.append((i, _BAD, f"entry {ledger}:{eid} carries LAC {hlac}: a LAC must be below its entry id"))
-                continue
-            if ledger != last_ledger or e.master_key != cur_key:
-                if st is not None:
-                    self._raise_lac(st, cur_lac, last_ledger, changed)
-                key = e.master_key
-                st = ledgers.get(ledger)
-                if st is None or st.master_key != key:
-                    st, refusal, jb = self._run_key(ledger, key, st, keyless, admit, append)
-                    if refusal is not None:
-                        errors.append((i, *refusal))
-                        last_ledger = -1
-                        continue
-                    jbytes += jb
-                run = accepted.get(ledger)
-                if run is None:
-                    run = accepted[ledger] = {}
-                last_ledger = ledger
-                cur_key = key
-                cur_recovery_only = st.fenced or not key
-                cur_lac = st.lac
-            if cur_recovery_only and not e.flags & 1:
-                errors.append((i, pb.FENCED, f"ledger {ledger} is fenced") if cur_key else (i, _BAD, KEY_MISSING))
-                continue
-            run[eid] = body
-            if hlac > cur_lac:
-                cur_lac = hlac
+        i = -1
+        for r in runs:
+            ledger = r.ledger_id
+            key = r.master_key
+            recovery = r.flags & 1
+            decided = False
+            refusal = None
+            for eid, body in zip(r.entry_ids, r.bodies):
+                i += 1
+                size = len(body)
+                if size < HEADER_SIZE or size > max_size:
+                    errors.append((i, _BAD, f"entry body of {size} bytes: must be {HEADER_SIZE}..{max_size} bytes"))
+                    continue
+                hl, he, hlac, _ = unpack(body)
+                if hl != ledger or he != eid or eid < 0:
+                    errors.append((i, _BAD, f"request says entry {ledger}:{eid}, body header says {hl}:{he}"))
+                    continue
+                if hlac >= eid:
+                    errors.append((i, _BAD, f"entry {ledger}:{eid} carries LAC {hlac}: a LAC must be below its entry id"))
+                    continue
+                if not decided:  # the run's key, once, at its first well-formed entry
+                    decided = True
+                    if ledger != last_ledger or key != cur_key:
+                        if st is not None:
+                            self._raise_lac(st, cur_lac, last_ledger, changed)
+                            st = None
+                        state = ledgers.get(ledger)
+                        if state is None or state.master_key != key:
+                            state, refusal, jb = self._run_key(ledger, key, state, keyless, admit, append)
+                            if refusal is not None:
+                                last_ledger = -1
+                            else:
+                                jbytes += jb
+                        if refusal is None:
+                            st = state
+                            acc = accepted.get(ledger)
+                            if acc is None:
+                                acc = accepted[ledger] = {}
+                            last_ledger = ledger
+                            cur_key = key
+                            cur_recovery_only = st.fenced or not key
+                            cur_lac = st.lac
+                if refusal is not None:
+                    errors.append((i, *refusal))
+                    continue
+                if cur_recovery_only and not recovery:
+                    errors.append((i, pb.FENCED, f"ledger {ledger} is fenced") if cur_key else (i, _BAD, KEY_MISSING))
+                    continue
+                acc[eid] = body
+                if hlac > cur_lac:
+                    cur_lac = hlac
         for ledger, bodies in accepted.items():
             if bodies:
                 records += encode_records(_ADD, ledger, bodies)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Sequence
 
 import grpc
 import numpy as np
 
-from pybk.proto import pb, rpc
+from pybk.entry import HEADER_SIZE
+from pybk.proto import pb, rpc, wire
 from pybk.security.settings import ClientSecurity
 
 MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
 DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
 _ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
+ADD_RUNS_HEADER = "pybk-add-runs"  # initial metadata of a bookie's Add stream: it takes packed runs
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1),
@@ -100,7 +102,6 @@ def rpc_error(exc: grpc.aio.AioRpcError, address: str, tls: bool = False) -> Boo
 
 
 _ERRORS = {s.value: s for s in Status}
-_Future = asyncio.Future
 
 
 def _complete(done, error: BookieError | None) -> None:
@@ -113,6 +114,65 @@ def _complete(done, error: BookieError | None) -> None:
                 done.set_exception(error)
     else:
         done(error)
+
+
+RunSink = Callable[[Sequence[int], Sequence[tuple[int, "BookieError"]]], None]
+"""What add_to_run calls once per answered run: (entry ids acked, (entry id, error) of the others)."""
+
+
+class _Run:
+    """Adds of one batch with the same ledger, key, flags and sink: one packed run on the wire,
+    answered with one status (and the exceptions). `dones` holds per-entry callbacks (add_callback)."""
+
+    __slots__ = ("rid", "ledger_id", "master_key", "flags", "sink", "dones", "entry_ids", "bodies", "size")
+
+    def __init__(self, ledger_id: int, master_key: bytes, flags: int, sink: RunSink | None):
+        self.rid = 0
+        self.ledger_id = ledger_id
+        self.master_key = master_key
+        self.flags = flags
+        self.sink = sink
+        self.dones: list | None = None if sink is not None else []
+        self.entry_ids: list[int] = []
+        self.bodies: list[bytes] = []
+        self.size = 0
+
+    def settle(self, status: int, message: str, failures, address: str) -> None:
+        """Complete every add of the run: `status` (with `message`) for all but `failures`,
+        (index in the run, status, message) each; a failure without a message repeats the one of
+        an earlier failure of the same status."""
+        ids = self.entry_ids
+        if status == 0 and not failures:
+            if self.sink is not None:
+                self.sink(ids, ())
+            else:
+                for done in self.dones:
+                    _complete(done, None)
+            return
+        base = None if status == 0 else add_error(status, message, address)
+        outcome: list[BookieError | None] = [base] * len(ids)
+        said: dict[int, str] = {}
+        for k, st, msg in failures:
+            if 0 <= k < len(ids):
+                if msg:
+                    said.setdefault(st, msg)
+                else:
+                    msg = said.get(st, "")
+                outcome[k] = None if st == 0 else add_error(st, msg, address)
+        self._complete(outcome)
+
+    def fail(self, error: "BookieError") -> None:
+        """Complete every add of the run with `error`."""
+        self._complete([error] * len(self.entry_ids))
+
+    def _complete(self, outcome: list) -> None:
+        if self.sink is not None:
+            ids = self.entry_ids
+            self.sink([e for e, o in zip(ids, outcome) if o is None],
+                      [(e, o) for e, o in zip(ids, outcome) if o is not None])
+        else:
+            for done, o in zip(self.dones, outcome):
+                _complete(done, o)
 
 
 class BookieClient:
@@ -143,12 +203,14 @@ class BookieClient:
         else:
             self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = rpc.BookieStub(self._channel)
-        self._batch = pb.AddBatch()
-        self._batch_add = self._batch.entries.add
-        self._pending_first = 0  # request id of the batch's first entry
+        # Add sends AddBatch messages encoded here (wire.add_run_parts), as bytes
+        self._add_call = self._channel.stream_stream("/pybk.Bookie/Add", request_serializer=_as_is,
+                                                     response_deserializer=pb.AddResults.FromString)
+        self._runs: list[_Run] = []  # the batch being built
+        self._open: dict[tuple, _Run] = {}  # its runs by (ledger, key, flags, sink)
+        self._run: _Run | None = None  # the run of its last add
         self._pending = 0         # entries in the batch being built
         self._pending_bytes = 0
-        self._futures: dict[int, asyncio.Future] = {}
         self._next_id = 1
         self._inflight = 0
         self._flush_scheduled = False
@@ -203,29 +265,69 @@ class BookieClient:
         if self._closed:
             _complete(done, BookieUnavailableError("client closed", self.address))
             return
+        run = self._append(ledger_id, entry_id, body, master_key, recovery, None)
+        if run.__class__ is not _Run:
+            _complete(done, run)
+            return
+        run.dones.append(done)
+        self._appended(len(body))
+
+    def add_to_run(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, recovery: bool,
+                   sink: RunSink) -> None:
+        """Queue an add whose outcome goes to sink(acked ids, [(id, BookieError)]), called once for
+        every run of adds with the same ledger, key, flags and sink (the same object) that went out
+        together: no callback per add. The body is sent as it is (no copy until the batch is
+        encoded). A sink must not raise or block."""
+        if self._closed:
+            sink((), ((entry_id, BookieUnavailableError("client closed", self.address)),))
+            return
         size = len(body)
+        run = self._run
+        if run is None or run.sink is not sink or run.ledger_id != ledger_id or run.flags != recovery \
+                or self._pending_bytes + size > self._batch_room or size < HEADER_SIZE \
+                or (run.master_key is not master_key and run.master_key != master_key):
+            run = self._append(ledger_id, entry_id, body, master_key, recovery, sink)
+            if run.__class__ is not _Run:
+                sink((), ((entry_id, run),))
+                return
+        else:  # the hot path: one more add of the batch's last run
+            run.entry_ids.append(entry_id)
+            run.bodies.append(body)
+            run.size += size
+        pending = self._pending = self._pending + 1
+        nbytes = self._pending_bytes = self._pending_bytes + size
+        if nbytes >= self.max_batch_bytes or pending >= self.max_batch_entries:
+            self._flush()
+        elif self._inflight == 0 and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop().call_soon(self._flush)
+
+    def _append(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, recovery: bool,
+                sink: RunSink | None) -> "_Run | BookieError":
+        """Put an add into the batch being built (its run), or the BAD_REQUEST of a body that no
+        bookie would take: too big for a message, or shorter than an entry header (in a packed
+        run it would make the bookie refuse the whole run as malformed)."""
+        size = len(body)
+        if size < HEADER_SIZE:
+            return BookieError(Status.BAD_REQUEST, f"entry {ledger_id}:{entry_id} of {size} bytes is shorter than "
+                               f"an entry header ({HEADER_SIZE} bytes)", self.address)
         if self._pending_bytes + size > self._batch_room:
             if size > self._batch_room:
-                _complete(done, BookieError(Status.BAD_REQUEST, f"entry {ledger_id}:{entry_id} of {size} bytes does "
-                                            f"not fit the max message size of {self.max_message_bytes} bytes",
-                                            self.address))
-                return
+                return self._too_big(ledger_id, entry_id, size)
             self._flush()
-        rid = self._next_id
-        try:
-            if recovery:
-                self._batch_add(request_id=rid, ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
-                                flags=1, body=body)
-            else:
-                self._batch_add(request_id=rid, ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
-                                body=body)
-        except (TypeError, ValueError) as exc:  # not representable on the wire: nothing was queued
-            _complete(done, BookieError(Status.BAD_REQUEST, f"bad add {ledger_id}:{entry_id}: {exc}", self.address))
-            return
-        self._next_id = rid + 1
-        self._futures[rid] = done
-        if not self._pending:
-            self._pending_first = rid
+        flags = 1 if recovery else 0
+        key = (ledger_id, master_key, flags, sink)
+        run = self._open.get(key)
+        if run is None:  # adds of a ledger join its run even when other ledgers' adds came between
+            run = self._open[key] = _Run(ledger_id, master_key, flags, sink)
+            self._runs.append(run)
+        self._run = run
+        run.entry_ids.append(entry_id)
+        run.bodies.append(body)
+        run.size += size
+        return run
+
+    def _appended(self, size: int) -> None:
         self._pending += 1
         self._pending_bytes += size
         if self._pending_bytes >= self.max_batch_bytes or self._pending >= self.max_batch_entries:
@@ -233,6 +335,10 @@ class BookieClient:
         elif self._inflight == 0 and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop().call_soon(self._flush)
+
+    def _too_big(self, ledger_id: int, entry_id: int, size: int) -> BookieError:
+        return BookieError(Status.BAD_REQUEST, f"entry {ledger_id}:{entry_id} of {size} bytes does not fit the max "
+                           f"message size of {self.max_message_bytes} bytes", self.address)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self._event_loop
@@ -249,13 +355,17 @@ class BookieClient:
         self._flush_scheduled = False
         if not self._pending:
             return
-        batch = self._batch
-        ids = range(self._pending_first, self._pending_first + self._pending)
+        runs = self._runs
+        rid = self._next_id
+        for run in runs:  # a run takes a request id per entry: the AddEntry form numbers its entries so
+            run.rid = rid
+            rid += len(run.entry_ids)
+        self._next_id = rid
         self._new_batch()
         if self._stream is None or self._stream.broken:
             self._stream = _AddStream(self)
         self._inflight += 1
-        self._stream.send(batch, ids)
+        self._stream.send(runs)
 
     def _batch_done(self) -> None:
         self._inflight -= 1
@@ -263,17 +373,17 @@ class BookieClient:
             self._flush()
 
     def _new_batch(self) -> None:
-        self._batch = pb.AddBatch()
-        self._batch_add = self._batch.entries.add
+        self._runs = []
+        self._open = {}
+        self._run = None
         self._pending = 0
         self._pending_bytes = 0
 
     def _fail_pending(self, exc: BookieError) -> None:
-        for rid in range(self._pending_first, self._pending_first + self._pending):
-            done = self._futures.pop(rid, None)
-            if done is not None:
-                _complete(done, exc)
+        runs = self._runs
         self._new_batch()
+        for run in runs:
+            run.fail(exc)
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -402,63 +512,106 @@ class BookieClient:
         return rpc_error(exc, self.address, self.security.tls)
 
 
+def _as_is(data: bytes) -> bytes:
+    return data
+
+
+def _encode(runs: list[_Run], packed: bool) -> bytes:
+    """The AddBatch of runs: packed runs, or (a bookie from before them) an AddEntry per add,
+    numbered from its run's request id."""
+    if packed:
+        parts: list = []
+        for r in runs:
+            wire.add_run_parts(parts, r.rid, r.ledger_id, r.master_key, r.flags, r.entry_ids, r.bodies, r.size)
+        return b"".join(parts)
+    batch = pb.AddBatch()
+    add = batch.entries.add
+    for r in runs:
+        for k, (eid, body) in enumerate(zip(r.entry_ids, r.bodies)):
+            add(request_id=r.rid + k, ledger_id=r.ledger_id, entry_id=eid, master_key=r.master_key,
+                flags=r.flags, body=body)
+    return batch.SerializeToString()
+
+
 class _AddStream:
-    """One Add bidi stream: batches go out through a queue; results resolve the futures."""
+    """One Add bidi stream: batches (lists of runs) go out through a queue, encoded once the
+    bookie said whether it takes packed runs; each answer settles its batch's runs."""
 
     def __init__(self, client: BookieClient):
         self.client = client
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.inflight: dict[int, range] = {}
+        self.inflight: dict[int, list[_Run]] = {}  # first run's request id -> the batch's runs
         self.broken = False
-        self.call = client._stub.Add(self._requests(), metadata=client._metadata)
+        self.packed: bool | None = None
+        self.call = client._add_call(self._requests(), metadata=client._metadata)
+        self.announced = asyncio.ensure_future(self.call.initial_metadata())
         self.task = asyncio.get_running_loop().create_task(self._receive())
+
+    def _takes_runs(self) -> bool:
+        """Whether the bookie announced packed runs. Until its initial metadata is here batches go
+        as AddEntry messages: waiting for it would hang on a bookie from before runs, which sends
+        its metadata with its first answer."""
+        if self.packed is None:
+            md = self.announced
+            if not md.done():
+                return False
+            self.packed = not md.cancelled() and md.exception() is None and \
+                any(k == ADD_RUNS_HEADER for k, _ in md.result() or ())
+        return self.packed
 
     async def _requests(self):
         while True:
-            batch = await self.queue.get()
-            if batch is None:
+            runs = await self.queue.get()
+            if runs is None:
                 return
-            yield batch
+            try:
+                data = _encode(runs, self._takes_runs())
+            except (TypeError, ValueError, OverflowError) as exc:  # not representable on the wire
+                if self.inflight.pop(runs[0].rid, None) is not None:
+                    error = BookieError(Status.BAD_REQUEST, f"bad add: {exc}", self.client.address)
+                    for run in runs:
+                        run.fail(error)
+                    self.client._batch_done()
+                continue
+            yield data
 
-    def send(self, batch: pb.AddBatch, ids: range) -> None:
-        self.inflight[ids[0]] = ids
-        self.queue.put_nowait(batch)
+    def send(self, runs: list[_Run]) -> None:
+        self.inflight[runs[0].rid] = runs
+        self.queue.put_nowait(runs)
 
     async def _receive(self) -> None:
         client = self.client
-        futures = client._futures
+        address = client.address
         try:
             async for results in self.call:
-                first = None
-                for r in results.results:
-                    rid = r.request_id
-                    if first is None:
-                        first = rid
-                    done = futures.pop(rid, None)
-                    if done is None:
-                        continue
-                    status = r.status
-                    if done.__class__ is _Future:
-                        if done.done():
-                            continue
-                        if status == 0:
-                            done.set_result(None)
-                        else:
-                            done.set_exception(add_error(status, r.message, client.address))
-                    elif status == 0:
-                        done(None)
-                    else:
-                        done(add_error(status, r.message, client.address))
-                self.inflight.pop(first, None)
+                answers = results.runs
+                if answers:
+                    runs = self.inflight.pop(answers[0].request_id, None)
+                    if runs is not None:
+                        for run, res in zip(runs, answers):
+                            failures = res.failures
+                            run.settle(res.status, res.message, [(f.index, f.status, f.message) for f in failures]
+                                       if failures else (), address)
+                elif results.results:
+                    entries = results.results
+                    runs = self.inflight.pop(entries[0].request_id, None)
+                    pos = 0
+                    for run in runs or ():
+                        n = len(run.entry_ids)
+                        run.settle(0, "", [(k, r.status, r.message) for k, r in enumerate(entries[pos:pos + n])
+                                           if r.status], address)
+                        pos += n
+                else:
+                    raise ValueError("an answer naming no add")
                 client._batch_done()
-            self.fail(BookieUnavailableError("add stream ended", client.address))
+            self.fail(BookieUnavailableError("add stream ended", address))
         except grpc.aio.AioRpcError as exc:
             self.fail(client._rpc_error(exc))
         except asyncio.CancelledError:
-            self.fail(BookieUnavailableError("add stream cancelled", client.address))
+            self.fail(BookieUnavailableError("add stream cancelled", address))
             raise
         except Exception as exc:  # noqa: BLE001 - never leave an add hanging
-            self.fail(BookieUnavailableError(f"add stream failed: {exc}", client.address))
+            self.fail(BookieUnavailableError(f"add stream failed: {exc}", address))
 
     def fail(self, exc: BookieError) -> None:
         """Fail every add sent on this stream and not yet answered."""
@@ -466,15 +619,15 @@ class _AddStream:
             return
         self.broken = True
         client = self.client
-        for ids in self.inflight.values():
-            for rid in ids:
-                done = client._futures.pop(rid, None)
-                if done is not None:
-                    _complete(done, exc)
-            client._inflight -= 1
+        batches = list(self.inflight.values())
         self.inflight.clear()
+        for runs in batches:
+            for run in runs:
+                run.fail(exc)
+            client._inflight -= 1
         self.queue.put_nowait(None)
         self.call.cancel()
+        self.announced.cancel()
         if client._stream is self:
             client._stream = None
         if client._pending and client._inflight == 0 and not client._closed:

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from itertools import accumulate, chain
 from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.security.tls import ReloadingServerCredentials
 
-from .bookie import Bookie, BookieStorageError
-from .client import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
+from .bookie import AddRun, Bookie, BookieStorageError, runs_of
+from .client import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 from .keys import KeyGate
 from .state import KEY_MISSING, LOOKUP, needs_admission
 
@@ -200,13 +202,15 @@ class BookieService(rpc.BookieServicer):
 
     # ---- ledger rights: first keys checked against the metadata, keyless recovery for admins ----
 
-    async def _add_checked(self, entries, errors: list[tuple[int, int, str]], fut, keyless: bool):
-        """Add again the entries add_batch answered LOOKUP, once the metadata of their ledgers is
+    async def _add_checked(self, runs: list[AddRun], errors: list[tuple[int, int, str]], fut, keyless: bool):
+        """Add again the entries add_runs answered LOOKUP, once the metadata of their ledgers is
         read; returns the batch's merged (errors, future)."""
         pending = [i for i, status, _ in errors if status == LOOKUP]
-        found = await self.keys.lookup(entries[i].ledger_id for i in pending)
-        again, fut2 = self.bookie.add_batch([entries[i] for i in pending], keyless, self.keys.admit_from(found))
+        again_runs = _select(runs, pending)
+        found = await self.keys.lookup(r.ledger_id for r in again_runs)
+        again, fut2 = self.bookie.add_runs(again_runs, keyless, self.keys.admit_from(found))
         merged = [err for err in errors if err[1] != LOOKUP] + [(pending[j], s, m) for j, s, m in again]
+        merged.sort()
         if fut is None or fut2 is None:
             return merged, fut if fut2 is None else fut2
         return merged, asyncio.gather(fut, fut2)
@@ -220,12 +224,15 @@ class BookieService(rpc.BookieServicer):
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives (batches overlap); results go back as
         each batch becomes durable, one AddResults per AddBatch. The request iterator yields
-        (batch, its size on the wire). A batch that would take the bytes in flight (received, not
-        yet durable) of this stream or of the bookie past their caps is answered TOO_MANY_REQUESTS
-        at once; one batch alone always passes. An allowed caller is authorized once, at stream
-        start; a refused one gets every entry answered ACCESS_DENIED and is looked at again with
-        each batch (the auth file may have changed). Ending the stream instead would race with the
-        client's sending and reach it as INTERNAL."""
+        (batch, its size on the wire). A batch carries AddEntry messages, packed runs (announced
+        to clients by the initial metadata ADD_RUNS_HEADER), or both; a malformed run is answered
+        BAD_REQUEST whole and nothing of it is stored. A batch that would take the bytes in flight
+        (received, not yet durable) of this stream or of the bookie past their caps is answered
+        TOO_MANY_REQUESTS at once; one batch alone always passes. An allowed caller is authorized
+        once, at stream start; a refused one gets every entry answered ACCESS_DENIED and is
+        looked at again with each batch (the auth file may have changed). Ending the stream
+        instead would race with the client's sending and reach it as INTERNAL."""
+        await context.send_initial_metadata(((ADD_RUNS_HEADER, "1"),))
         principal, denied = self._authorize_stream(context, Operation.ADD)
         bookie = self.bookie
         limits = self.limits
@@ -240,14 +247,14 @@ class BookieService(rpc.BookieServicer):
             state["bytes"] -= nbytes
             self.add_bytes_in_flight -= nbytes
 
-        def finish(batch, results, fut, nbytes):
+        def finish(batch, layout, results, fut, nbytes):
             release(nbytes)
             error = None
             if fut is not None:
                 exc = fut.exception() if not fut.cancelled() else OSError("bookie shutting down")
                 if exc is not None:
                     error = f"journal write failed: {exc}"
-            done.put_nowait(_add_results(batch, results, error, bookie.metrics))
+            done.put_nowait(_add_results(batch, layout, results, error, bookie.metrics))
 
         async def reader():
             nonlocal principal, denied, keyless
@@ -258,31 +265,33 @@ class BookieService(rpc.BookieServicer):
                         principal, denied = self._authorize_stream(context, Operation.ADD)
                         keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
                     if denied:
-                        finish(batch, [(i, pb.ACCESS_DENIED, denied) for i in range(len(batch.entries))], None, 0)
+                        done.put_nowait(_refuse_all(batch, pb.ACCESS_DENIED, denied, bookie.metrics))
                         continue
-                    bookie.metrics.add_batch_size.observe(len(batch.entries))
+                    runs, layout = _unpack(batch)
+                    n = layout[-1]
+                    bookie.metrics.add_batch_size.observe(n)
                     refusal = _over_cap(state["bytes"], nbytes, conn_cap, "on this connection",
                                         "max_add_bytes_in_flight_per_connection") or \
                         _over_cap(self.add_bytes_in_flight, nbytes, total_cap, "on this bookie",
                                   "max_add_bytes_in_flight")
                     if refusal:
-                        finish(batch, [(i, pb.TOO_MANY_REQUESTS, refusal) for i in range(len(batch.entries))],
-                               None, 0)
+                        done.put_nowait(_refuse_all(batch, pb.TOO_MANY_REQUESTS, refusal, bookie.metrics))
                         continue
                     state["bytes"] += nbytes
                     self.add_bytes_in_flight += nbytes
                     try:
-                        results, fut = bookie.add_batch(batch.entries, keyless, admit)
+                        results, fut = bookie.add_runs(runs, keyless, admit)
                         if results and keys is not None and any(r[1] == LOOKUP for r in results):
-                            results, fut = await self._add_checked(batch.entries, results, fut, keyless)
+                            results, fut = await self._add_checked(runs, results, fut, keyless)
                     except Exception as exc:  # noqa: BLE001 - answer, do not crash
                         log.exception("add batch from %s failed", principal.name)
-                        results = [(i, pb.IO_ERROR, str(exc)) for i in range(len(batch.entries))]
+                        results = [(i, pb.IO_ERROR, str(exc)) for i in range(n)]
                         fut = None
                     if fut is None:
-                        finish(batch, results, None, nbytes)
+                        finish(batch, layout, results, None, nbytes)
                     else:
-                        fut.add_done_callback(lambda f, b=batch, r=results, n=nbytes: finish(b, r, f, n))
+                        fut.add_done_callback(lambda f, b=batch, lo=layout, r=results, nb=nbytes:
+                                              finish(b, lo, r, f, nb))
             finally:
                 state["eof"] = True
                 done.put_nowait(None)
@@ -457,15 +466,77 @@ class BookieService(rpc.BookieServicer):
         return pb.ListLedgersResponse(ledger_ids=sorted(self.bookie.ledgers))
 
 
-def _add_results(batch, errors: list[tuple[int, int, str]], error: str | None, metrics) -> pb.AddResults:
-    """One result per entry, in the batch's order. OK results carry only the request id (the
-    client matches on it); refusals also carry ledger, entry and a message."""
+def _unpack(batch: pb.AddBatch) -> tuple[list[AddRun], list]:
+    """The runs add_runs takes for a batch: its AddEntry messages (grouped), then its packed
+    runs, and the layout _add_results answers by: [its AddEntry count, then per packed run its
+    first index among the runs' entries or the reason it is malformed, ..., the entry count]."""
+    runs = runs_of(batch.entries)
+    n = len(batch.entries)
+    layout: list = [n]
+    for r in batch.runs:
+        ids, sizes, buf = list(r.entry_ids), list(r.body_sizes), r.bodies
+        why = _malformed(r.ledger_id, ids, sizes, len(buf))
+        if why:
+            layout.append(why)
+            continue
+        ends = list(accumulate(sizes))
+        runs.append(AddRun(r.ledger_id, r.master_key, r.flags, ids,
+                           [buf[a:b] for a, b in zip(chain((0,), ends), ends)]))
+        layout.append(n)
+        n += len(ids)
+    layout.append(n)
+    return runs, layout
+
+
+def _malformed(ledger: int, ids: list[int], sizes: list[int], nbytes: int) -> str:
+    """Why a packed run (of `ledger`, its entry ids, body sizes and bodies' length) cannot be
+    taken apart into entries ("" if it can). Its entries are then checked one by one like
+    AddEntry messages; a size below an entry header is refused here, so that a run's answer (a
+    few bytes per refused entry) stays smaller than the run."""
+    if not ids or len(ids) != len(sizes):
+        return (f"malformed run of ledger {ledger}: {len(ids)} entry ids and {len(sizes)} body sizes "
+                f"(need the same number, at least one)")
+    total = sum(sizes)
+    if total != nbytes:
+        return f"malformed run of ledger {ledger}: body sizes sum to {total} bytes, the bodies are {nbytes} bytes"
+    small = min(sizes)
+    if small < HEADER_SIZE:
+        return (f"malformed run of ledger {ledger}: an entry body of {small} bytes, shorter than an "
+                f"entry header ({HEADER_SIZE} bytes)")
+    return ""
+
+
+def _refuse_all(batch: pb.AddBatch, status: int, message: str, metrics) -> pb.AddResults:
+    """Every entry of the batch refused with one status (access denied, over a cap)."""
+    out = pb.AddResults()
+    add = out.results.add
+    for e in batch.entries:
+        add(request_id=e.request_id, ledger_id=e.ledger_id, entry_id=e.entry_id, status=status, message=message)
+    add_run = out.runs.add
+    n = len(batch.entries)
+    for r in batch.runs:
+        add_run(request_id=r.request_id, status=status, message=message)
+        n += len(r.entry_ids)
+    if n:
+        metrics.add_errors.labels(pb.Status.Name(status)).inc(n)
+    return out
+
+
+def _add_results(batch, layout: list, errors: list[tuple[int, int, str]], error: str | None,
+                 metrics) -> pb.AddResults:
+    """The answer to a batch: one result per AddEntry, in order (OK ones carry only the request
+    id, the client matches on it; refusals also carry ledger, entry and a message), and one per
+    packed run: its status (OK, or IO_ERROR with `error`, the journal's failure) and the
+    entries refused otherwise (errors: (index, status, message) in index order)."""
     out = pb.AddResults()
     add = out.results.add
     entries = batch.entries
-    if not errors and error is None:
+    if not errors and error is None and str not in map(type, layout):
         for e in entries:
             add(request_id=e.request_id)
+        add_run = out.runs.add
+        for r in batch.runs:
+            add_run(request_id=r.request_id)
         return out
     refused = {i: (status, message) for i, status, message in errors}
     for i, e in enumerate(entries):
@@ -478,6 +549,49 @@ def _add_results(batch, errors: list[tuple[int, int, str]], error: str | None, m
             metrics.add_errors.labels(pb.Status.Name(status)).inc()
             add(request_id=e.request_id, ledger_id=e.ledger_id, entry_id=e.entry_id, status=status,
                 message=message)
+    base, base_message = (pb.IO_ERROR, error) if error is not None else (pb.OK, "")
+    for r, first in zip(batch.runs, layout[1:]):
+        res = out.runs.add(request_id=r.request_id)
+        if type(first) is str:
+            res.status, res.message = pb.BAD_REQUEST, first
+            metrics.add_errors.labels("BAD_REQUEST").inc(len(r.entry_ids))
+            continue
+        ids = r.entry_ids
+        fails = [(k, refused[first + k]) for k in range(len(ids)) if first + k in refused]
+        if base != pb.OK:
+            metrics.add_errors.labels(pb.Status.Name(base)).inc(len(ids) - len(fails))
+        if fails and len(fails) == len(ids) and all(f[1][0] == fails[0][1][0] for f in fails):
+            res.status, res.message = fails[0][1]  # the whole run refused for one cause
+            metrics.add_errors.labels(pb.Status.Name(res.status)).inc(len(ids))
+            continue
+        res.status, res.message = base, base_message
+        told: set[int] = set()
+        for k, (status, message) in fails:
+            metrics.add_errors.labels(pb.Status.Name(status)).inc()
+            res.failures.add(index=k, entry_id=ids[k], status=status,
+                             message="" if status in told else message)
+            told.add(status)
+    return out
+
+
+def _select(runs: list[AddRun], indices: list[int]) -> list[AddRun]:
+    """The entries at `indices` (ascending, counting the runs' entries in order) as runs: one
+    per run they come from, so that their order and so their indices match."""
+    out: list[AddRun] = []
+    it = iter(indices)
+    want = next(it, None)
+    first = 0
+    for r in runs:
+        end = first + len(r.entry_ids)
+        ids: list[int] = []
+        bodies: list[bytes] = []
+        while want is not None and want < end:
+            ids.append(r.entry_ids[want - first])
+            bodies.append(r.bodies[want - first])
+            want = next(it, None)
+        if ids:
+            out.append(AddRun(r.ledger_id, r.master_key, r.flags, ids, bodies))
+        first = end
     return out
 
 

@@ -61,6 +61,8 @@ class LedgerHandle:
             self._sent_length = 0                  # bytes of every entry added: each header's running length
             self._ensemble = list(md.fragments[-1].bookies)
             self._clients: list = [None] * e
+            self._sinks: list = []                 # per ensemble index: where its bookie's answers go
+            self._new_sinks()
             self._failed: set[int] = set()         # ensemble indices being replaced
             self._failed_ids: set[str] = set()     # every bookie this writer gave up on
             self._changing: asyncio.Task | None = None
@@ -138,19 +140,36 @@ class LedgerHandle:
         body = encode(lid, eid, lac, data, md.digest_type, self.password, self._sent_length)
         self._lac_told = lac
         self._pending.append(_Pending(eid, body, len(data), fut, time.monotonic()))
-        failed, clients, ensemble, mk, done = self._failed, self._clients, self._ensemble, self.master_key, self._on_add_done
+        failed, clients, sinks, mk = self._failed, self._clients, self._sinks, self.master_key
         for idx in self._ws[eid % md.ensemble_size]:
             c = clients[idx]
             if c is not None and idx not in failed:
-                c.add_callback(lid, eid, body, mk, False, partial(done, idx, ensemble[idx], eid))
+                c.add_to_run(lid, eid, body, mk, False, sinks[idx])
         return fut
 
-    def _send(self, idx: int, eid: int, body: bytes, recovery: bool = False) -> None:
+    def _new_sinks(self) -> None:
+        """One sink per ensemble index, bound to its bookie: a run's answer from a bookie that was
+        replaced since finds another bookie at its index and is ignored."""
+        self._sinks = [partial(self._on_run_done, idx, bookie) for idx, bookie in enumerate(self._ensemble)]
+
+    def _send(self, idx: int, eid: int, body: bytes) -> None:
         c = self._clients[idx]
         if c is None:
             return
-        c.add_callback(self._md.ledger_id, eid, body, self.master_key, recovery,
-                       partial(self._on_add_done, idx, self._ensemble[idx], eid))
+        c.add_to_run(self._md.ledger_id, eid, body, self.master_key, False, self._sinks[idx])
+
+    def _on_run_done(self, idx: int, bookie: str, acked, failed) -> None:
+        """A bookie's answer to a run of adds: the acked ones count in one step, then each other
+        one is handled as its error says (_on_add_done)."""
+        if self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed:
+            return  # a late answer from a bookie we already replaced, or after the close
+        if acked:
+            t = self._tracker
+            old = t.lac
+            if t.ack_many(acked, idx) != old:
+                self._complete_acked()
+        for eid, exc in failed:
+            self._on_add_done(idx, bookie, eid, exc)
 
     def _on_add_done(self, idx: int, bookie: str, eid: int, exc: BaseException | None) -> None:
         if self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed:
@@ -283,6 +302,7 @@ class LedgerHandle:
         from the new fragment on (acked meanwhile, or still pending)."""
         md, replace = change.metadata, change.replaced
         self._ensemble = list(md.current_ensemble)
+        self._new_sinks()
         for i, c in change.clients.items():
             self._clients[i] = c
             if c is None:

@@ -117,6 +117,31 @@ class AckTracker:
             self.lac = lac
         return lac
 
+    def ack_many(self, entry_ids: Iterable[int], index: int) -> int:
+        """ack(e, index) for every e of entry_ids, in one step; returns the (new) LAC.
+
+        Proof that it ends in the state the acks one by one would: an ack adds `index` to the ack
+        set of a pending entry and never removes one, so the sets are the same after both (acks
+        for entries acked before the call, beyond the pending ones or outside the write set are
+        ignored by both; acks for entries acked during the calls one by one only grow sets that
+        are dropped anyway). The LAC then advances over the longest prefix of pending entries
+        with Qa acks each, whether it advanced in steps or at once, because sets only grow."""
+        lac = self.lac
+        acks = self._acks
+        n = len(acks)
+        e, qw = self.ensemble, self.write_quorum
+        base = lac + 1
+        for entry_id in entry_ids:
+            pos = entry_id - base
+            if 0 <= pos < n and (index - entry_id) % e < qw:
+                acks[pos].add(index)
+        qa = self.ack_quorum
+        while acks and len(acks[0]) >= qa:
+            acks.popleft()
+            lac += 1
+        self.lac = lac
+        return lac
+
     def forget(self, indices: Iterable[int]) -> None:
         """Drop acks from replaced ensemble indices (an ensemble change rewrites them elsewhere)."""
         gone = set(indices)

@@ -66,11 +66,31 @@ class AddEntry(_message.Message):
     body: bytes
     def __init__(self, request_id: _Optional[int] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
+class AddRun(_message.Message):
+    __slots__ = ("request_id", "ledger_id", "master_key", "flags", "entry_ids", "body_sizes", "bodies")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZES_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    flags: int
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    body_sizes: _containers.RepeatedScalarFieldContainer[int]
+    bodies: bytes
+    def __init__(self, request_id: _Optional[int] = ..., ledger_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., entry_ids: _Optional[_Iterable[int]] = ..., body_sizes: _Optional[_Iterable[int]] = ..., bodies: _Optional[bytes] = ...) -> None: ...
+
 class AddBatch(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "runs")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AddEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AddEntry, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[AddRun]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AddEntry, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[AddRun, _Mapping]]] = ...) -> None: ...
 
 class AddResult(_message.Message):
     __slots__ = ("request_id", "ledger_id", "entry_id", "status", "message")
@@ -86,11 +106,37 @@ class AddResult(_message.Message):
     message: str
     def __init__(self, request_id: _Optional[int] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class AddFailure(_message.Message):
+    __slots__ = ("index", "entry_id", "status", "message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    entry_id: int
+    status: Status
+    message: str
+    def __init__(self, index: _Optional[int] = ..., entry_id: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AddRunResult(_message.Message):
+    __slots__ = ("request_id", "status", "message", "failures")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    status: Status
+    message: str
+    failures: _containers.RepeatedCompositeFieldContainer[AddFailure]
+    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., failures: _Optional[_Iterable[_Union[AddFailure, _Mapping]]] = ...) -> None: ...
+
 class AddResults(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "runs")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AddResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[AddRunResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[AddRunResult, _Mapping]]] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("ledger_id", "first_entry", "last_entry", "flags", "master_key", "previous_lac", "timeout_ms", "step")

@@ -41,3 +41,20 @@ def serializer(message_type: type[Message]):
     def to_bytes(message: Message | bytes) -> bytes:
         return message if type(message) is bytes else serialize(message)
     return to_bytes
+
+
+_RUNS_TAG = bytes([(pb.AddBatch.DESCRIPTOR.fields_by_name["runs"].number << 3) | 2])
+_RUN_BODIES_TAG = bytes([(pb.AddRun.DESCRIPTOR.fields_by_name["bodies"].number << 3) | 2])
+_AddRun = pb.AddRun
+
+
+def add_run_parts(parts: list, request_id: int, ledger_id: int, master_key: bytes, flags: int,
+                  entry_ids: list[int], bodies: list[bytes], size: int) -> None:
+    """Append to `parts` one packed run (an AddBatch's `runs` field) whose bodies (`size` bytes
+    together) are appended as they are: b"".join(parts) is then an AddBatch with one copy of the
+    bodies. Raises TypeError or ValueError for values the wire cannot carry."""
+    head = _AddRun(request_id=request_id, ledger_id=ledger_id, master_key=master_key, flags=flags,
+                   entry_ids=entry_ids, body_sizes=list(map(len, bodies))).SerializeToString()
+    blen = varint(size)
+    parts += (_RUNS_TAG, varint(len(head) + 1 + len(blen) + size), head, _RUN_BODIES_TAG, blen)
+    parts += bodies

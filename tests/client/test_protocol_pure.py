@@ -51,6 +51,22 @@ def test_acks_outside_write_set_or_already_acked_are_ignored():
     assert t.ack(0, 1) == 0 and t.ack(7, 0) == 0
 
 
+def test_acks_of_a_run_in_one_step_end_where_acks_one_by_one_do():
+    rnd = random.Random(7)
+    for e, qw, qa in [(3, 3, 2), (4, 2, 2), (5, 3, 2), (3, 2, 1)]:
+        one, many = AckTracker(e, qw, qa), AckTracker(e, qw, qa)
+        for _ in range(60):
+            one.add(), many.add()
+        for _ in range(40):  # runs as bookies answer them: any order, repeats, stale and unknown ids
+            index = rnd.randrange(e)
+            run = [rnd.randrange(-3, 66) for _ in range(rnd.randrange(1, 12))]
+            for eid in run:
+                one.ack(eid, index)
+            assert many.ack_many(run, index) == one.lac
+            assert many.lac == one.lac and many.pending == one.pending
+            assert [many.acks(x) for x in many.pending] == [one.acks(x) for x in one.pending]
+
+
 def test_forget_drops_acks_of_replaced_bookies():
     t = AckTracker(3, 3, 2)
     t.add(); t.add()
