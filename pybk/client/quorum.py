@@ -109,13 +109,7 @@ class AckTracker:
         if pos < 0 or pos >= len(acks) or (index - entry_id) % self.ensemble >= self.write_quorum:
             return lac
         acks[pos].add(index)
-        if pos == 0:
-            qa = self.ack_quorum
-            while acks and len(acks[0]) >= qa:
-                acks.popleft()
-                lac += 1
-            self.lac = lac
-        return lac
+        return self._advance() if pos == 0 else lac
 
     def ack_many(self, entry_ids: Iterable[int], index: int) -> int:
         """ack(e, index) for every e of entry_ids, in one step; returns the (new) LAC.
@@ -135,7 +129,11 @@ class AckTracker:
             pos = entry_id - base
             if 0 <= pos < n and (index - entry_id) % e < qw:
                 acks[pos].add(index)
-        qa = self.ack_quorum
+        return self._advance()
+
+    def _advance(self) -> int:
+        """Move the LAC over the leading pending entries that have Qa acks; returns it."""
+        acks, qa, lac = self._acks, self.ack_quorum, self.lac
         while acks and len(acks[0]) >= qa:
             acks.popleft()
             lac += 1
