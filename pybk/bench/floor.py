@@ -375,6 +375,11 @@ def run(args: argparse.Namespace) -> int:
                 lat, client_cpu = _run_loop(args.loop, _measure_aio(
                     ports, args.entries, args.size, args.ack_quorum, args.client, options))
             server_cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            print(f"pybk bench floor: a server answered {code.name if code else exc}: another process may have "
+                  f"taken one of the ports {ports} before it (run again)", file=sys.stderr)
+            return 1
         finally:
             for p in procs:
                 p.kill()

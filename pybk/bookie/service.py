@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from itertools import accumulate, chain
 from dataclasses import dataclass
+from itertools import accumulate, chain
 
 import grpc
 from google.protobuf.message import DecodeError
