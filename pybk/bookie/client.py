@@ -294,13 +294,7 @@ class BookieClient:
             run.entry_ids.append(entry_id)
             run.bodies.append(body)
             run.size += size
-        pending = self._pending = self._pending + 1
-        nbytes = self._pending_bytes = self._pending_bytes + size
-        if nbytes >= self.max_batch_bytes or pending >= self.max_batch_entries:
-            self._flush()
-        elif self._inflight == 0 and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop().call_soon(self._flush)
+        self._appended(size)
 
     def _append(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, recovery: bool,
                 sink: RunSink | None) -> "_Run | BookieError":

@@ -158,11 +158,16 @@ class LedgerHandle:
             return
         c.add_to_run(self._md.ledger_id, eid, body, self.master_key, False, self._sinks[idx])
 
+    def _stale(self, idx: int, bookie: str) -> bool:
+        """An answer from a bookie this writer already replaced (or is replacing), or after the
+        handle failed or closed: it changes nothing."""
+        return self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed
+
     def _on_run_done(self, idx: int, bookie: str, acked, failed) -> None:
         """A bookie's answer to a run of adds: the acked ones count in one step, then each other
         one is handled as its error says (_on_add_done)."""
-        if self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed:
-            return  # a late answer from a bookie we already replaced, or after the close
+        if self._stale(idx, bookie):
+            return
         if acked:
             t = self._tracker
             old = t.lac
@@ -172,8 +177,8 @@ class LedgerHandle:
             self._on_add_done(idx, bookie, eid, exc)
 
     def _on_add_done(self, idx: int, bookie: str, eid: int, exc: BaseException | None) -> None:
-        if self._ensemble[idx] != bookie or idx in self._failed or self._error is not None or self._closed:
-            return  # a late answer from a bookie we already replaced, or after the close
+        if self._stale(idx, bookie):
+            return
         if exc is None:
             t = self._tracker
             old = t.lac

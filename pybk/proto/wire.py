@@ -1,10 +1,11 @@
-"""PACKED read answers encoded by hand, so that their entries are copied once, not three times.
+"""Messages that carry many entry bodies, encoded by hand so that the bodies are copied once.
 
-A PACKED ReadResults carries up to a few MiB of entry bodies in one `bytes` field. Through
-protobuf they would be joined, copied into the message and copied again by SerializeToString.
-Here protobuf serializes only the small fields and the bodies are appended as the `bodies`
-field straight from the bookie's read buffers. Protobuf accepts fields in any order, so the
-result is an ordinary ReadResults on the wire: any client decodes it with ReadResults.FromString.
+A PACKED ReadResults carries up to a few MiB of entry bodies in one `bytes` field, and an
+AddBatch's packed runs (AddRun) carry theirs the same way. Through protobuf the bodies would be
+joined, copied into the message and copied again by SerializeToString. Here protobuf serializes
+only the small fields and the bodies are appended as they are (from the bookie's read buffers, or
+the client's encoded entries, the same bytes for every bookie). Protobuf accepts fields in any
+order, so the results are ordinary messages on the wire: FromString decodes them.
 """
 from __future__ import annotations
 
