@@ -11,7 +11,7 @@ RUN python -m build --wheel --outdir /wheels .
 FROM python:3.11-slim AS pybk
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[operator]" && rm -rf /wheels \
+RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[operator,uvloop]" && rm -rf /wheels \
     && groupadd --gid 10001 pybk && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin pybk \
     && mkdir -p /pybk/journal /pybk/ledgers /opt/pybk/crds && chown -R 10001:10001 /pybk
 # The CRD travels with the image so `pybk operator --check` works inside it.
@@ -33,7 +33,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[spark]" && rm -rf /wheels \
+RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[spark,uvloop]" && rm -rf /wheels \
     && groupadd --gid 10001 pybk && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin pybk \
     && mkdir -p /opt/spark/work-dir /opt/pybk/spark && chown 10001:10001 /opt/spark/work-dir
 COPY spark/ledger_stats.py spark/export_parquet.py /opt/pybk/spark/

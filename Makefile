@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev,spark,operator,local,bench]'
+	$(PIP) install --quiet -e '.[dev,spark,operator,local,bench,uvloop]'
 	touch $(STAMP)
 
 test: venv

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from pybk.eventloop import EventLoop, parse_event_loop
 from pybk.recovery.options import RecoveryOptions
 
 ENV_PREFIX = "PYBK_"
@@ -89,7 +90,7 @@ class Number:
 
 
 _TYPE_NAMES: dict[Callable[[Any], Any], str] = {str: "string", parse_size: "size", parse_bool: "boolean",
-                                                 parse_log_level: "log level"}
+                                                 parse_log_level: "log level", parse_event_loop: "event loop"}
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,10 @@ TLS_SERVER_NAME = Option("tls_server_name", "name this process expects in the ce
 TOKEN_FILE = Option("token_file", "file holding the bearer token this process presents when it calls bookies or "
                     "autorecovery", metavar="FILE")
 COMMON = (CONFIG, LOG_LEVEL, TLS_CERT, TLS_KEY, TLS_CA, TLS_SERVER_NAME, TOKEN_FILE)
+# In the asyncio servers (bookie, autorecovery); the operator runs on kopf's loop.
+EVENT_LOOP = Option("event_loop", "the event loop to run on: auto (uvloop when installed, else asyncio), asyncio "
+                    "or uvloop (pip install 'pybk[uvloop]'; less CPU per message)", EventLoop.AUTO,
+                    parse_event_loop)
 
 DEFAULT_OPEN_HTTP_PATHS = ("/heartbeat", "/metrics", "/api/v1/bookie/is_ready")
 # Who may call a server (bookie, autorecovery).
@@ -234,7 +239,7 @@ def _message_size(cfg: Mapping[str, Any]) -> str | None:
     return None
 
 
-BOOKIE = Process("bookie", COMMON + (
+BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
     dataclasses.replace(METADATA_URI, help=METADATA_URI.help + "; without it the bookie runs unregistered "
                         "(no cookie in etcd, no registration)"),
     Option("host", "address to listen on and to advertise", "127.0.0.1"),
@@ -302,7 +307,7 @@ BOOKIE = Process("bookie", COMMON + (
            "tuned by the autorecovery options (--lost-bookie-delay, ...)", False, parse_bool),
 ) + SERVER_AUTH + RECOVERY_TUNING, checks=(_water_marks, _message_size))
 
-AUTORECOVERY = Process("autorecovery", COMMON + (
+AUTORECOVERY = Process("autorecovery", COMMON + (EVENT_LOOP,
     dataclasses.replace(METADATA_URI, required=True),
     Option("http_port", "serve /api/v1/autorecovery/* and /metrics on this port (0: no HTTP)", 0, Number(int, 0),
            env="PYBK_RECOVERY_HTTP_PORT"),

@@ -11,6 +11,9 @@ import importlib
 import os
 import sys
 
+from pybk import eventloop
+from pybk.eventloop import parse_event_loop
+
 BENCHMARKS: dict[str, str] = {
     "bookie": "one bookie, many adds in flight from one client: entries/s, MB/s, latency",
     "meta": "ledger metadata create+close cycles and list throughput against etcd",
@@ -32,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == chosen:
             mod = importlib.import_module(f"pybk.bench.{name.replace('-', '_')}")
             mod.add_arguments(p)
+            if name != "floor":  # floor chooses each side's loop itself (--loop, --server-loop)
+                p.add_argument("--event-loop", type=parse_event_loop, metavar="LOOP",
+                               help="event loop of the benchmark's client and the processes it starts: auto "
+                                    "(uvloop when installed, else asyncio), asyncio or uvloop (default: "
+                                    f"${eventloop.ENV}, else auto)")
             p.set_defaults(_bench=mod.run)
 
 
@@ -45,8 +53,14 @@ def run(args: argparse.Namespace) -> int:
         # a cluster given by URI: the local cluster's credentials when it is that one (started
         # --secure), for every client the benchmark opens (they default to the environment's)
         os.environ.update(security_for(args.metadata_uri).as_env())
+    if getattr(args, "event_loop", None):
+        os.environ[eventloop.ENV] = args.event_loop  # the bookies and autorecovery it starts inherit it
     try:
+        eventloop.resolve(None)
         return int(args._bench(args) or 0)
+    except eventloop.EventLoopError as e:
+        print(f"pybk bench {args.benchmark}: error: {e}", file=sys.stderr)
+        return 1
     except EtcdMissing as e:
         print(f"pybk bench {args.benchmark}: error: {e}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pybk import eventloop
 from pybk import entry
 from pybk.bookie.client import BookieClient
 from pybk.local.bookie import BookieProcess
@@ -40,14 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     command = "pybk " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.bookie:
-        result = asyncio.run(_bench(args.bookie, args))
+        result = eventloop.run(_bench(args.bookie, args))
     else:
         with tempfile.TemporaryDirectory(prefix="pybk-bench-", dir=args.dir) as d:
             proc = BookieProcess(Path(d), checkpoint_interval=10, journal_fsync=not args.no_fsync)
             proc.start()
             try:
                 cpu0 = cpu_seconds([proc.pid])
-                result = asyncio.run(_bench(proc.address, args))
+                result = eventloop.run(_bench(proc.address, args))
                 result["bookie_cpu_us_per_entry"] = (cpu_seconds([proc.pid]) - cpu0) / args.entries * 1e6
             finally:
                 proc.stop()

@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+from pybk import eventloop
 from pybk.meta import Fragment, LedgerMetadata, LedgerState, MetadataError, MetadataStore, parse_uri
 from pybk.meta.etcd import op_put, prefix_end
 from pybk.meta.ledgers import ledger_key_suffix
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         uri = f"{base.rstrip('/')}/{tag}" + (f"?{query}" if query else "")
         try:
             parse_uri(args.metadata_uri)
-            result = asyncio.run(_bench(uri, args))
+            result = eventloop.run(_bench(uri, args))
         except MetadataError as exc:
             print(f"pybk bench meta: {exc}", file=sys.stderr)
             return 1
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="pybk-bench-meta-") as d:
             etcd = EtcdProcess(Path(d)).start()
             try:
-                result = asyncio.run(_bench(etcd.metadata_uri(tag), args))
+                result = eventloop.run(_bench(etcd.metadata_uri(tag), args))
             finally:
                 etcd.stop()
     result["command"] = command

@@ -20,6 +20,7 @@ import sys
 import time
 
 from .write import add_cluster_arguments, cluster
+from pybk import eventloop
 
 PASSWORD = b"bench-open-recovery"
 
@@ -74,7 +75,7 @@ async def bench(uri: str, args: argparse.Namespace) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     command = "pybk " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with cluster(args) as (uri, _pids):
-        runs = asyncio.run(bench(uri, args))
+        runs = eventloop.run(bench(uri, args))
     median = statistics.median(r["seconds"] for r in runs)
     result = {"command": command, "entries": args.entries, "size": args.size, "runs": runs,
               "median_seconds": median, "median_entries_per_s": round(args.entries / median, 1)}

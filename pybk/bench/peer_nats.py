@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
+from pybk import eventloop
 from pybk.bench.stats import cpu_seconds, summary, warmup
 from pybk.local.process import ChildProcess, free_port
 
@@ -182,5 +183,5 @@ def run_jetstream(runs: list[tuple[int, int]], size: int, directory: str | None 
     binary = check_installed()
     with tempfile.TemporaryDirectory(prefix="pybk-bench-nats-", dir=directory) as d:
         with jetstream_cluster(binary, Path(d)) as (ports, procs):
-            return asyncio.run(_measure(ports, procs, runs, size))
+            return eventloop.run(_measure(ports, procs, runs, size))
 

@@ -7,13 +7,13 @@ single-entry reads one at a time (window 1: latency p50/p99/p999). Prints the ex
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import shlex
 import sys
 import time
 
 from .write import add_cluster_arguments, cluster, print_results, summary, write_ledger
+from pybk import eventloop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +71,6 @@ async def bench_reads(uri: str, args: argparse.Namespace) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     command = "pybk " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with cluster(args) as (uri, _pids):
-        results = asyncio.run(bench_reads(uri, args))
+        results = eventloop.run(bench_reads(uri, args))
     print_results(results, command, args.output)
     return 0

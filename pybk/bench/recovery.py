@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from pybk import eventloop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if args.data_dir:
         base = Path(args.data_dir)
         base.mkdir(parents=True, exist_ok=True)
-        result = asyncio.run(_bench(args, base))
+        result = eventloop.run(_bench(args, base))
     else:
         with tempfile.TemporaryDirectory(prefix="pybk-bench-recovery-") as d:
-            result = asyncio.run(_bench(args, Path(d)))
+            result = eventloop.run(_bench(args, Path(d)))
     result["command"] = command.strip()
     if args.output == "json":
         print(json.dumps(result, indent=2))

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from pybk import eventloop
 
 
 def _size(text: str) -> int:
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 b.start(wait=False)
             for b in started:
                 b.wait_ready(b.is_ready, 120)
-        ledgers, write_s = asyncio.run(_write(uri, args, total))
+        ledgers, write_s = eventloop.run(_write(uri, args, total))
         written = (total // args.entry_size) * args.entry_size
         entries = written // args.entry_size
         try:

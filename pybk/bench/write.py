@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from .stats import cpu_seconds, summary, warmup
+from pybk import eventloop
 
 if TYPE_CHECKING:
     from pybk.security.settings import ClientSecurity
@@ -333,11 +334,11 @@ def one_round(args: argparse.Namespace, windows: list[int]) -> list[dict]:
     --peer-nats JetStream at the same windows and counts, and the ratios."""
     if args.tls:
         with cluster(args) as (uri, pids), tls_cluster(args) as (tls_uri, tls_pids, security):
-            plain, secured = asyncio.run(interleaved(args, windows, (uri, pids), (tls_uri, tls_pids, security)))
+            plain, secured = eventloop.run(interleaved(args, windows, (uri, pids), (tls_uri, tls_pids, security)))
         results = plain + secured + tls_ratios(plain, secured)
     else:
         with cluster(args) as (uri, pids):
-            plain = results = asyncio.run(bench_writes(uri, pids, args, windows))
+            plain = results = eventloop.run(bench_writes(uri, pids, args, windows))
     if args.peer_nats:
         from .peer_nats import run_jetstream
         peer = run_jetstream([(w, entries_at(args, w)) for w in windows], args.size, args.dir)

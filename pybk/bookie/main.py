@@ -15,7 +15,8 @@ from typing import Any
 from aiohttp import web
 
 import pybk
-from pybk import config
+from pybk import config, eventloop
+from pybk.eventloop import EventLoopError
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
 from pybk.security.auth import AuthFileError
@@ -47,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     if cfg["rebuild_index"]:
-        return asyncio.run(rebuild(cfg))
+        return eventloop.run(rebuild(cfg), cfg["event_loop"])
     try:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
-        return asyncio.run(BookieServer(cfg).serve())
-    except (CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError,
+        return eventloop.run(BookieServer(cfg).serve(), cfg["event_loop"])
+    except (EventLoopError, CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError,
             CertificateError, AuthFileError, SecurityConfigError) as exc:
         print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
         return 3
@@ -256,12 +257,12 @@ class BookieServer:
             embedded.start()
         else:
             self.storage.on_read_only_change = None
-        log.info("bookie %s serving gRPC on %s (%s), admin HTTP on %s", self.bookie_id, self.grpc_endpoint,
-                 "TLS" if security.tls else "plaintext", self.http_endpoint)
+        log.info("bookie %s serving gRPC on %s (%s), admin HTTP on %s, event loop %s", self.bookie_id,
+                 self.grpc_endpoint, "TLS" if security.tls else "plaintext", self.http_endpoint, eventloop.running())
         for warning in security.warnings(self.grpc_endpoint):
             log.warning("%s", warning)
         print(json.dumps({"event": "ready", "bookie_id": self.bookie_id, "grpc": self.grpc_endpoint,
-                          "http": self.http_endpoint}), flush=True)
+                          "http": self.http_endpoint, "event_loop": eventloop.running()}), flush=True)
         await self._stop.wait()
         log.info("stopping")
         self.serving = False

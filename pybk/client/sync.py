@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Iterator
 
+from pybk import eventloop
 from pybk.entry import DigestType
 
 from . import bookkeeper as _bk
@@ -76,7 +77,7 @@ class BookKeeper:
 
     @classmethod
     def connect(cls, uri: str, options: _bk.ClientOptions | None = None) -> "BookKeeper":
-        loop = asyncio.new_event_loop()
+        loop = eventloop.new_loop()
         try:
             return cls(loop, loop.run_until_complete(_bk.BookKeeper.connect(uri, options)))
         except BaseException:

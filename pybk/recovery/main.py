@@ -8,7 +8,8 @@ import signal
 import sys
 from typing import Any, Mapping
 
-from pybk import config
+from pybk import config, eventloop
+from pybk.eventloop import EventLoopError
 from pybk.security.auth import AuthFileError
 from pybk.security.server import SecurityConfigError, ServerSecurity
 from pybk.security.tls import CertificateError
@@ -59,8 +60,8 @@ async def serve(cfg: Mapping[str, Any], options: RecoveryOptions, security: Serv
                               ssl_context=http_ssl.context if http_ssl else None).start()
             for warning in security.warnings(address):
                 logging.getLogger("pybk.recovery").warning("%s", warning)
-        logging.getLogger("pybk.recovery").info("autorecovery %s running (http %s)", recovery.name,
-                                                address or "off")
+        logging.getLogger("pybk.recovery").info("autorecovery %s running (http %s, event loop %s)", recovery.name,
+                                                address or "off", eventloop.running())
         await recovery.run()
     finally:
         if runner is not None:
@@ -90,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
             pass
 
     try:
-        asyncio.run(main())
+        eventloop.run(main(), cfg["event_loop"])
+    except EventLoopError as exc:
+        print(f"pybk autorecovery: refusing to start: {exc}", file=sys.stderr)
+        return 3
     except Exception as exc:
         from pybk.meta import MetadataError
         if isinstance(exc, MetadataError):

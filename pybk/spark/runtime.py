@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
+from pybk import eventloop
 from pybk.local.client import local_client_for, overlay
 from pybk.security.settings import ClientSecurity
 
@@ -31,7 +32,7 @@ def event_loop() -> asyncio.AbstractEventLoop:
     """
     global _LOOP
     if _LOOP is None or _LOOP.is_closed():
-        _LOOP = asyncio.new_event_loop()
+        _LOOP = eventloop.new_loop()
     asyncio.set_event_loop(_LOOP)
     return _LOOP
 
