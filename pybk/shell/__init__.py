@@ -6,14 +6,15 @@ Every command takes `--metadata-uri` (else `--data-dir` of a local cluster, else
 default or JSON with `-o json`, and exits non-zero on failure with a one-line reason.
 
 Commands register themselves with `@command(...)`: a command is an async function
-`(Shell, args) -> data` (JSON-able) plus a `render(data) -> str` for people. Modules:
+`(Shell, args) -> data` (JSON-able) plus a `render(data) -> str` for people, or (`stream=True`)
+one that prints its own output as it goes, like `top`. Modules:
 core (errors, registry, cluster location, connections), format (tables and other output),
-bookies and ledgers (the commands by group), main (the parser and `run`). Parts that own more
+bookies, ledgers, jobs and top (the commands by group), main (the parser and `run`). Parts that own more
 commands (autorecovery) add theirs in a module named in `main.EXTENSION_MODULES`.
 """
 from __future__ import annotations
 
-from . import bookies, ledgers, jobs  # noqa: F401 - registers their commands, in the order `--help` lists them
+from . import bookies, ledgers, jobs, top  # noqa: F401 - registers their commands, in the order `--help` lists them
 from .core import COMMANDS, Shell, ShellError, command, resolve_cluster, resolve_metadata_uri
 from .format import entry_json, format_table, human_bytes, payload_preview
 from .ledgers import fragments_json, ledger_json

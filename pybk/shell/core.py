@@ -75,17 +75,19 @@ class Command:
     run: Callable[["Shell", argparse.Namespace], Awaitable[Any]]
     arguments: Callable[[argparse.ArgumentParser], None] | None
     render: Callable[[Any, argparse.Namespace], str]
+    stream: bool = False  # prints its own output while it runs (and stops on Ctrl-C); returns None
 
 
 COMMANDS: dict[str, Command] = {}
 
 
 def command(name: str, help: str, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-            render: Callable[[Any, argparse.Namespace], str] = lambda data, args: json.dumps(data, indent=2)):
+            render: Callable[[Any, argparse.Namespace], str] = lambda data, args: json.dumps(data, indent=2),
+            stream: bool = False):
     """Register an async command `(shell, args) -> data` under name; `render(data, args)` is its
-    text output, and `-o json` prints data itself."""
+    text output, and `-o json` prints data itself. A `stream` command prints as it goes instead."""
     def deco(fn: Callable[["Shell", argparse.Namespace], Awaitable[Any]]):
-        COMMANDS[name] = Command(name, help, fn, arguments, render)
+        COMMANDS[name] = Command(name, help, fn, arguments, render, stream)
         return fn
     return deco
 

@@ -62,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
         # credentials from the environment unless given them: export the resolved ones
         os.environ.update(target.security.as_env())
         data = asyncio.run(_run(cmd, Shell(target.metadata_uri, target.security), args))
+    except KeyboardInterrupt:  # Ctrl-C ends a streaming command (top) normally
+        if not cmd.stream:
+            raise
+        return 0
+    except BrokenPipeError:  # `pybk shell top | head`: the reader has enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ShellError as e:
         print(f"pybk shell {cmd.name}: error: {e}", file=sys.stderr)
         return 1
@@ -73,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"pybk shell {cmd.name}: error: {_error_text(e)}", file=sys.stderr)
         return 1
+    if cmd.stream:
+        return 0
     try:
         if args.output == "json":
             print(json.dumps(data, indent=2))
