@@ -17,7 +17,9 @@ RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[operator,uvloop]" && rm
 # The CRD travels with the image so `pybk operator --check` works inside it.
 COPY crds/ /opt/pybk/crds/
 COPY bookie_image/entrypoint.sh /usr/local/bin/bookie-entrypoint
-ENV PYBK_CRD=/opt/pybk/crds/bookiecluster.yaml
+# Logs are JSON lines in the image (one object per line, for log collectors); set
+# PYBK_LOG_FORMAT=text on a pod for lines meant for people.
+ENV PYBK_CRD=/opt/pybk/crds/bookiecluster.yaml PYBK_LOG_FORMAT=json
 USER 10001:10001
 EXPOSE 3181 8000 8080
 ENTRYPOINT []

@@ -23,5 +23,10 @@ fi
 PYBK_ZONE="${PYBK_ZONE:-}"
 export PYBK_ZONE
 
-echo "bookie-entrypoint: id=${PYBK_BOOKIE_ID} host=${PYBK_HOST} zone=${PYBK_ZONE:-<none>}" >&2
+if [ "${PYBK_LOG_FORMAT:-text}" = json ]; then
+    printf '{"timestamp": "%s", "level": "INFO", "logger": "bookie-entrypoint", "message": "id=%s host=%s zone=%s"}\n' \
+        "$(date -u +%Y-%m-%dT%H:%M:%S.000Z)" "${PYBK_BOOKIE_ID}" "${PYBK_HOST}" "${PYBK_ZONE:-<none>}" >&2
+else
+    echo "bookie-entrypoint: id=${PYBK_BOOKIE_ID} host=${PYBK_HOST} zone=${PYBK_ZONE:-<none>}" >&2
+fi
 exec pybk bookie "$@"

@@ -484,6 +484,25 @@ def check_spark_job(image: Image, spark: Image, metadata_uri: str) -> None:
         log(f"  ledger_stats: {counted}")
 
 
+def check_json_log(pod: Pod) -> None:
+    """Every line the pod wrote is one JSON object with a log line's fields (the image defaults
+    to PYBK_LOG_FORMAT=json)."""
+    lines = [line for line in pod.log_path.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines:
+        raise CheckFailed(f"{pod.name} wrote no log")
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise CheckFailed(f"{pod.name} wrote a line that is not JSON: {line[:300]!r}") from None
+        missing = [k for k in ("timestamp", "level", "logger", "message") if k not in obj]
+        if missing:
+            raise CheckFailed(f"{pod.name}: a log line lacks {missing}: {line[:300]!r}")
+    if not any("bookie_id" in json.loads(line) for line in lines):
+        raise CheckFailed(f"{pod.name}: no log line names the bookie")
+    log(f"  {pod.name}: {len(lines)} JSON lines")
+
+
 def run_cluster(image: Image, etcd_port: int, spark: Image | None = None) -> None:
     from pybk.cluster.spec import load_manifest
     from pybk.operator import render
@@ -524,6 +543,10 @@ def run_cluster(image: Image, etcd_port: int, spark: Image | None = None) -> Non
         if auditor_pod.name not in json.dumps(who):
             raise CheckFailed(f"whoisauditor names another process: {who}")
         log(f"  auditor: {json.dumps(who)}")
+
+    with check("bookies log JSON lines in the image (timestamp, level, logger, message, bookie_id)"):
+        for pod in bookies:
+            check_json_log(pod)
 
     with check("SIGTERM to a bookie deregisters it"):
         victim = bookies[-1]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import logging
 import os
 import re
 import sys
@@ -26,6 +25,8 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from pybk.eventloop import EventLoop, parse_event_loop
+from pybk import logformat
+from pybk.logformat import LogFormat, parse_log_format
 from pybk.recovery.options import RecoveryOptions
 
 ENV_PREFIX = "PYBK_"
@@ -90,7 +91,8 @@ class Number:
 
 
 _TYPE_NAMES: dict[Callable[[Any], Any], str] = {str: "string", parse_size: "size", parse_bool: "boolean",
-                                                 parse_log_level: "log level", parse_event_loop: "event loop"}
+                                                 parse_log_level: "log level", parse_event_loop: "event loop",
+                                                 parse_log_format: "log format"}
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,9 @@ class Process:
 CONFIG = Option("config", "YAML file of settings (keys are the option names, e.g. log_level); flags "
                 "override the environment, which overrides the file", metavar="FILE")
 LOG_LEVEL = Option("log_level", "DEBUG, INFO, WARNING or ERROR", "INFO", parse_log_level)
+LOG_FORMAT = Option("log_format", "text (lines for people) or json (one object per line with timestamp, level, "
+                    "logger, message and context such as ledger_id and bookie_id; the image's default)",
+                    LogFormat.TEXT, parse_log_format)
 # TLS and the credential this process presents (docs/security.md); clients read the same PYBK_* names.
 TLS_CERT = Option("tls_cert", "this process's TLS certificate (PEM): served on its gRPC and admin HTTP ports, "
                   "presented as client certificate when it calls bookies; reloaded when the file changes",
@@ -176,7 +181,7 @@ TLS_SERVER_NAME = Option("tls_server_name", "name this process expects in the ce
                          "calls (default: the host it dials)", metavar="NAME")
 TOKEN_FILE = Option("token_file", "file holding the bearer token this process presents when it calls bookies or "
                     "autorecovery", metavar="FILE")
-COMMON = (CONFIG, LOG_LEVEL, TLS_CERT, TLS_KEY, TLS_CA, TLS_SERVER_NAME, TOKEN_FILE)
+COMMON = (CONFIG, LOG_LEVEL, LOG_FORMAT, TLS_CERT, TLS_KEY, TLS_CA, TLS_SERVER_NAME, TOKEN_FILE)
 # In the asyncio servers (bookie, autorecovery); the operator runs on kopf's loop.
 EVENT_LOOP = Option("event_loop", "the event loop to run on: auto (uvloop when installed, else asyncio), asyncio "
                     "or uvloop (pip install 'pybk[uvloop]'; less CPU per message)", EventLoop.AUTO,
@@ -400,11 +405,8 @@ def resolve(args: argparse.Namespace, process: Process, environ: Mapping[str, st
     return out
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
 def load(args: argparse.Namespace, process: Process) -> dict[str, Any] | None:
-    """A process's start: its resolved settings with logging set up at their level, or None after
+    """A process's start: its resolved settings with logging set up at their level and format, or None after
     printing `pybk NAME: <what is wrong>` (the caller exits 2)."""
     try:
         cfg = resolve(args, process)
@@ -412,7 +414,7 @@ def load(args: argparse.Namespace, process: Process) -> dict[str, Any] | None:
         print(f"pybk {process.command}: {exc}", file=sys.stderr)
         return None
     level = "DEBUG" if cfg.get("verbose") else cfg[LOG_LEVEL.name]
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    logformat.configure(level, cfg[LOG_FORMAT.name])
     return cfg
 
 

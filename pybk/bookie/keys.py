@@ -72,7 +72,7 @@ class KeyGate:
         except NoSuchLedgerError:
             return None
         except (MetadataError, OSError, TimeoutError) as exc:
-            log.warning("cannot read ledger %d's metadata to check a key: %s", ledger, exc)
+            log.warning("cannot read ledger %d's metadata to check a key: %s", ledger, exc, extra={"ledger_id": ledger})
             return pb.IO_ERROR, f"cannot check the key of ledger {ledger} against the metadata: {exc}"
         keys = LedgerKeys(key_check=md.key_check, master_key=md.master_key)
         self._known[ledger] = keys

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 import pybk
-from pybk import config, eventloop
+from pybk import config, eventloop, logformat
 from pybk.eventloop import EventLoopError
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
@@ -95,6 +95,7 @@ class BookieServer:
     def __init__(self, cfg: dict[str, Any]):
         self.cfg = cfg
         self.bookie_id = cfg["bookie_id"] or f"{cfg['host']}:{cfg['port']}"
+        logformat.set_process_fields(bookie_id=self.bookie_id)
         self.journal_dir = Path(cfg["journal_dir"])
         self.ledger_dirs = [Path(d) for d in cfg["ledger_dir"]]
         opts = StorageOptions(
@@ -261,8 +262,9 @@ class BookieServer:
                  self.grpc_endpoint, "TLS" if security.tls else "plaintext", self.http_endpoint, eventloop.running())
         for warning in security.warnings(self.grpc_endpoint):
             log.warning("%s", warning)
-        print(json.dumps({"event": "ready", "bookie_id": self.bookie_id, "grpc": self.grpc_endpoint,
-                          "http": self.http_endpoint, "event_loop": eventloop.running()}), flush=True)
+        print(logformat.event_line(log.name, "ready", event="ready", bookie_id=self.bookie_id,
+                                   grpc=self.grpc_endpoint, http=self.http_endpoint,
+                                   event_loop=eventloop.running()), flush=True)
         await self._stop.wait()
         log.info("stopping")
         self.serving = False

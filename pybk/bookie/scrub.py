@@ -273,7 +273,8 @@ class Scrubber:
             try:
                 await self.underreplication.mark(ledger, [self.bookie_id])
             except Exception as exc:  # noqa: BLE001 - retried every MARK_RETRY_SECONDS
-                log.warning("scrub: marking ledger %d under-replicated failed (%s); retrying", ledger, exc)
+                log.warning("scrub: marking ledger %d under-replicated failed (%s); retrying", ledger, exc,
+                            extra={"ledger_id": ledger})
                 self._mark_failed.set()
                 if result is not None:
                     result.mark_error = f"marking ledger {ledger} failed: {exc}; retried every {MARK_RETRY_SECONDS:g}s"

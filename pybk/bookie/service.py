@@ -366,7 +366,8 @@ class BookieService(rpc.BookieServicer):
             await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED),
                                        not request.flags & pb.DIGESTS_CHECKED)
         except (BookieStorageError, OSError) as exc:
-            log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc)
+            log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc,
+                      extra={"ledger_id": ledger, "entry_range": [first, last]})
             await context.write(pb.ReadResults(status=pb.IO_ERROR, message=str(exc), lac=-1))
 
     async def _stream_entries(self, context, ledger: int, first: int, last: int, step: int, lac: int,

@@ -98,7 +98,9 @@ async def change_ensemble(bk: "BookKeeper", md: LedgerMetadata, ensemble: list[s
             clients[i] = await bk.client(new_ens[i])
         except Exception as e:
             clients[i] = None
-            log.warning("ledger %d: replacement bookie %s unreachable: %s", md.ledger_id, new_ens[i], e)
+            log.warning("ledger %d: replacement bookie %s unreachable: %s", md.ledger_id, new_ens[i], e,
+                        extra={"ledger_id": md.ledger_id, "bookie": new_ens[i]})
     log.info("ledger %d: ensemble change at entry %d: %s -> %s", md.ledger_id, md.fragments[-1].first_entry_id,
-             [ensemble[i] for i in sorted(replaced)], [new_ens[i] for i in sorted(replaced)])
+             [ensemble[i] for i in sorted(replaced)], [new_ens[i] for i in sorted(replaced)],
+             extra={"ledger_id": md.ledger_id})
     return EnsembleChange(md, replaced=replaced, clients=clients)

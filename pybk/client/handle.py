@@ -248,7 +248,7 @@ class LedgerHandle:
         """The handle can no longer write: fail every pending and future add with `error`."""
         if self._error is None:
             self._error = error
-            log.warning("ledger %d: %s", self.ledger_id, error)
+            log.warning("ledger %d: %s", self.ledger_id, error, extra={"ledger_id": self.ledger_id})
         for p in self._live_pending():
             if not p.future.done():
                 p.future.set_exception(error)
@@ -260,7 +260,7 @@ class LedgerHandle:
             return
         bookie = self._ensemble[idx]
         log.warning("ledger %d: bookie %s (index %d) failed an add: %s; changing the ensemble",
-                    self.ledger_id, bookie, idx, reason)
+                    self.ledger_id, bookie, idx, reason, extra={"ledger_id": self.ledger_id, "bookie": bookie})
         self._failed.add(idx)
         self._failed_ids.add(bookie)
         if self._changing is None:
@@ -287,7 +287,7 @@ class LedgerHandle:
                         return
                     log.warning("ledger %d: %s; writing on with %d of %d bookies, retrying in 1s",
                                 self.ledger_id, e, self._md.ensemble_size - len(self._failed),
-                                self._md.ensemble_size)
+                                self._md.ensemble_size, extra={"ledger_id": self.ledger_id})
                     await asyncio.sleep(1.0)
                     continue
                 self._md = change.metadata
@@ -296,7 +296,7 @@ class LedgerHandle:
                     return
                 self._apply_ensemble_change(change)
         except Exception as e:  # metadata unreachable etc.: the writer cannot safely go on
-            log.exception("ledger %d: ensemble change failed", self.ledger_id)
+            log.exception("ledger %d: ensemble change failed", self.ledger_id, extra={"ledger_id": self.ledger_id})
             self._fail(e if isinstance(e, BKError) else BKError(f"ensemble change of ledger {self.ledger_id} failed: {e}"))
         finally:
             self._changing = None

@@ -43,7 +43,8 @@ def _verify(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, 
     except DigestMismatch as e:
         bk.digest_mismatches += 1
         log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
-                    md.ledger_id, entry_id, bookie, e)
+                    md.ledger_id, entry_id, bookie, e,
+                    extra={"ledger_id": md.ledger_id, "entry_id": entry_id, "bookie": bookie})
         raise
 
 
@@ -127,14 +128,15 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
                 if bad is not None:
                     bk.digest_mismatches += 1
                     log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
-                                md.ledger_id, first + len(payloads) * step, bookie, bad)
+                                md.ledger_id, first + len(payloads) * step, bookie, bad,
+                                extra={"ledger_id": md.ledger_id, "bookie": bookie})
                     break
                 if got == count:
                     break
                 first, bodies, sizes = await stream.__anext__()
     except (Exception, TimeoutError) as e:
         log.info("ledger %d: range read %d..%d from %s stopped at %d: %r", md.ledger_id, a, b,
-                 bookie, a + got * step, e)
+                 bookie, a + got * step, e, extra={"ledger_id": md.ledger_id, "entry_range": [a, b], "bookie": bookie})
     finally:
         if stream is not None:
             await stream.aclose()

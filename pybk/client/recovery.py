@@ -117,7 +117,8 @@ def _corrupt(bk, md: LedgerMetadata, password: bytes | None, bookie: str, entry_
                verify_digest=password is not None or md.digest_type is DigestType.CRC32C)
     except DigestMismatch as e:
         bk.digest_mismatches += 1
-        log.warning("recovery of ledger %d: corrupt replica of entry %d on %s: %s", md.ledger_id, entry_id, bookie, e)
+        log.warning("recovery of ledger %d: corrupt replica of entry %d on %s: %s", md.ledger_id, entry_id, bookie, e,
+                    extra={"ledger_id": md.ledger_id, "entry_id": entry_id, "bookie": bookie})
         return str(e)
     return None
 
@@ -170,7 +171,7 @@ async def _length_through(bk, md, password: bytes | None, last: int, last_body: 
         decision, last_body, note = await _recovery_read(bk, md, password, last)
         if decision is not RecoveryDecision.EXISTS:
             log.warning("recovery of ledger %d: could not read entry %d for the ledger length (%s)",
-                        md.ledger_id, last, note)
+                        md.ledger_id, last, note, extra={"ledger_id": md.ledger_id, "entry_id": last})
             return None
     return parse_header(last_body).length
 
@@ -328,7 +329,8 @@ async def _rewrite(bk, view: LedgerMetadata, mk: bytes, first: int,
                 f"so entry {entry} cannot be re-written to {view.ack_quorum} bookies ({e}); the ledger "
                 f"stays IN_RECOVERY and opening it again retries (failures: {detail})") from None
         log.info("recovery of ledger %d: re-writing from entry %d on %s (replacing %s)", lid, entry,
-                 fragment.bookies, sorted(set(view.current_ensemble) - set(fragment.bookies)))
+                 fragment.bookies, sorted(set(view.current_ensemble) - set(fragment.bookies)),
+                 extra={"ledger_id": lid, "entry_id": entry})
         view = with_fragment(view, fragment.first_entry_id, fragment.bookies)
         first, bodies = entry, bodies[short:]
     return view
@@ -354,7 +356,7 @@ async def recover(bk, md, password: bytes | None, keyless: bool = False):
     lac = await _fence(bk, md, mk)
     last_fragment_first = md.fragments[-1].first_entry_id
     entry = max(lac, last_fragment_first - 1) + 1  # entries before the last fragment were all acked
-    log.info("recovering ledger %d: fenced, LAC %d, reading forward from %d", lid, lac, entry)
+    log.info("recovering ledger %d: fenced, LAC %d, reading forward from %d", lid, lac, entry, extra={"ledger_id": lid})
     limit = max(1, bk.options.recovery_batch_size)
     view, failed, avoid = md, set(), set()
     last_body = None
@@ -381,10 +383,10 @@ async def recover(bk, md, password: bytes | None, keyless: bool = False):
     length = await _length_through(bk, md, password, last, last_body)
     added = _added_fragments(md, view)
     log.info("recovered ledger %d: last entry %d, length %s%s", lid, last, length,
-             f", new fragments {added}" if added else "")
+             f", new fragments {added}" if added else "", extra={"ledger_id": lid})
 
     result = await ledgers.update(lid, close_recovered(last, length, added), current=md)
     if not result.written and result.metadata.last_entry_id != last:
         log.warning("ledger %d was closed by another recovery at %d (this one found %d)",
-                    lid, result.metadata.last_entry_id, last)
+                    lid, result.metadata.last_entry_id, last, extra={"ledger_id": lid})
     return result.metadata

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pybk import logformat
+from pybk.config import LOG_FORMAT
+from pybk.logformat import LogFormat
 from pybk.security.roles import Role
 
 from . import control
@@ -58,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="TLS on every port, etcd auth, bookie/admin tokens: a throwaway CA and secrets are "
                          "created once under DIR/security/ and reused; clients find their settings in "
                          "local.json. Remembered for the data dir (later `up` stay secure)")
+    up.add_argument("--log-format", choices=[f.value for f in LogFormat],
+                    default=os.environ.get(LOG_FORMAT.variable, LogFormat.TEXT.value),
+                    help="text (default, or $PYBK_LOG_FORMAT) or json (one object per line) for the "
+                         "supervisor's log and, through PYBK_LOG_FORMAT, the bookies' and autorecovery's")
     up.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
 
     down = sub.add_parser("down", help="stop the local cluster running in --data-dir",
@@ -138,8 +145,8 @@ def _up(args: argparse.Namespace) -> int:
     security = LocalSecurity.of(data_dir).ensure() if secure else None
     if args.detach:
         return _up_detached(args, data_dir, manifest, secure)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ[LOG_FORMAT.variable] = args.log_format  # the processes it starts log the same way
+    logformat.configure(logging.INFO, LogFormat(args.log_format))
     spec = load_spec(manifest)
     if security is not None:
         # the supervisor is the cluster's admin client (decommissions call the bookies' admin API):
@@ -160,7 +167,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _up_detached(args: argparse.Namespace, data_dir: Path, manifest: Path, secure: bool) -> int:
     argv = [sys.executable, "-m", "pybk.cli", "local", "up", "-f", str(manifest), "--data-dir", str(data_dir),
-            "--timeout", str(args.timeout), "--detached-child", *(["--secure"] if secure else [])]
+            "--timeout", str(args.timeout), "--log-format", args.log_format, "--detached-child", *(["--secure"] if secure else [])]
     supervisor = ChildProcess("pybk local up", argv, data_dir / "local.log").start()
     deadline = time.monotonic() + args.timeout + 30
     local_json = data_dir / LOCAL_JSON

@@ -125,7 +125,8 @@ class ReplicationWorker:
             self._failures[marker.ledger_id] = failures
             delay = min(30.0, self.options.poll_interval * 2 ** min(failures, 8))
             log.warning("ledger %d: %s; retrying in %.1fs", marker.ledger_id, exc, delay,
-                        exc_info=not isinstance(exc, (ReplicationFailed, NotEnoughBookiesError, BookieUnavailable)))
+                        exc_info=not isinstance(exc, (ReplicationFailed, NotEnoughBookiesError, BookieUnavailable)),
+                        extra={"ledger_id": marker.ledger_id})
             self._retry_after[marker.ledger_id] = time.monotonic() + delay
             self.errors[marker.ledger_id] = str(exc) or type(exc).__name__
             return False
@@ -134,7 +135,8 @@ class ReplicationWorker:
             try:
                 await lock.release()
             except Exception as exc:
-                log.info("releasing the lock of ledger %d: %s (it expires with the lease)", marker.ledger_id, exc)
+                log.info("releasing the lock of ledger %d: %s (it expires with the lease)", marker.ledger_id, exc,
+                         extra={"ledger_id": marker.ledger_id})
         self._failures.pop(marker.ledger_id, None)
         self.errors.pop(marker.ledger_id, None)
         if done:
@@ -209,10 +211,11 @@ class ReplicationWorker:
         try:
             await self.store.underreplication.unmark(ledger_id, marker_version)
         except VersionConflictError:
-            log.info("ledger %d was marked again meanwhile; another pass follows", ledger_id)
+            log.info("ledger %d was marked again meanwhile; another pass follows", ledger_id,
+                     extra={"ledger_id": ledger_id})
             return False
         metrics.LEDGERS_REPLICATED.inc()
-        log.info("ledger %d fully replicated", ledger_id)
+        log.info("ledger %d fully replicated", ledger_id, extra={"ledger_id": ledger_id})
         return True
 
     async def _writer_progress(self, md, frag, bad: set[str]) -> float:
@@ -238,7 +241,7 @@ class ReplicationWorker:
         from pybk.client import BookKeeper
         from pybk.client.recovery import recover
         log.info("ledger %d: open past the grace period with a lost bookie in its last fragment; "
-                 "fencing and recovering it", md.ledger_id)
+                 "fencing and recovering it", md.ledger_id, extra={"ledger_id": md.ledger_id})
         bk = await BookKeeper.connect(self.metadata_uri, security=self.pool.security)
         try:
             await recover(bk, await bk.ledger_metadata(md.ledger_id), password, keyless=True)
@@ -252,7 +255,7 @@ class ReplicationWorker:
         result = await self.store.ledgers.update(md.ledger_id, swap_bookie(fi, first_entry, lost, target), current=md)
         if result.written:
             log.info("ledger %d fragment %d (from entry %d): %s replaced by %s",
-                     md.ledger_id, fi, first_entry, lost, target)
+                     md.ledger_id, fi, first_entry, lost, target, extra={"ledger_id": md.ledger_id, "fragment": fi})
         return result.metadata
 
     async def _fill_in_place(self, md, frag, first: int, last: int, bookie: str, bad: set[str],
@@ -270,7 +273,8 @@ class ReplicationWorker:
         index = frag.bookies.index(bookie)
         missing = plan.missing_entries(index, first, last, md.ensemble_size, md.write_quorum, held)
         if missing:
-            log.info("ledger %d: %d entries missing on %s; copying them back", md.ledger_id, len(missing), bookie)
+            log.info("ledger %d: %d entries missing on %s; copying them back", md.ledger_id, len(missing), bookie,
+                     extra={"ledger_id": md.ledger_id, "bookie": bookie})
             await self._copy(md, frag.bookies, index, missing, bookie, bad - alive, password)
 
     async def _copy(self, md, ensemble: Sequence[str], index: int, wanted: list[int], target: str,
@@ -332,7 +336,8 @@ class ReplicationWorker:
                 src = await self.pool.get(run.source)
                 async for eid, body in src.read_range(md.ledger_id, run.first, run.last):
                     if not self._valid(md, eid, body, password):
-                        log.warning("ledger %d entry %d: corrupt replica on %s", md.ledger_id, eid, run.source)
+                        log.warning("ledger %d entry %d: corrupt replica on %s", md.ledger_id, eid, run.source,
+                                    extra={"ledger_id": md.ledger_id, "entry_id": eid, "bookie": run.source})
                         break
                     futs.append(dst.add_nowait(md.ledger_id, eid, body, KEYLESS, recovery=True))
                     ids.append(eid)
@@ -345,7 +350,8 @@ class ReplicationWorker:
                             await settle()
             except (BookieError, BookieUnavailable, OSError) as exc:
                 log.info("ledger %d: reading %d..%d from %s stopped: %s", md.ledger_id, run.first, run.last,
-                         run.source, exc)
+                         run.source, exc,
+                         extra={"ledger_id": md.ledger_id, "entry_range": [run.first, run.last], "bookie": run.source})
             if ids:
                 chunks.append((futs, ids, size))
                 inflight += size
