@@ -138,6 +138,7 @@ class Bookie:
             raise ValueError("a bookie needs at least one ledger dir")
         self.opts = options or StorageOptions()
         self.metrics = metrics or Metrics()
+        self.metrics.water_marks(self.opts.high_water_mark, self.opts.low_water_mark)
         self.ledgers: dict[int, LedgerState] = {}
         self.cache = WriteCache()
         self.flushing: WriteCache | None = None
@@ -829,6 +830,7 @@ class Bookie:
 
     def _measured(self, usage: float, total: int) -> None:
         self.disk_usage, self._disk_total, self._written_since_check = usage, total, 0
+        self.metrics.disk_measured(usage, total)
         self._update_disk_state_from(usage)
 
     def _journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:

@@ -42,6 +42,7 @@ class GarbageCollector:
         compaction = await self.storage.compact()
         self.last = {"deleted_ledgers": sorted(dead), "dropped_entries": dropped, **compaction,
                      "seconds": round(time.monotonic() - t0, 3), "at": time.time()}
+        self.storage.metrics.gc_collected(len(dead), compaction["reclaimed_bytes"], time.monotonic() - t0)
         if dead:
             log.info("garbage collection: dropped %d deleted ledgers (%d entries), reclaimed %d bytes",
                      len(dead), dropped, compaction["reclaimed_bytes"])

@@ -7,7 +7,7 @@ import json
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from pybk.meta import MetadataError, MetadataStore, NoSuchLedgerError
 from pybk.security.auth import Authenticator
@@ -57,7 +57,9 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         return web.Response(text="OK\n")
 
     async def metrics(request: web.Request) -> web.Response:
-        body = generate_latest(bookie.metrics.registry)
+        # the bookie's own registry, then the process-wide one: etcd errors, the process's CPU and
+        # memory, and an embedded autorecovery's pybk_recovery_* (--autorecovery)
+        body = generate_latest(bookie.metrics.registry) + generate_latest(REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_info(request: web.Request) -> web.Response:

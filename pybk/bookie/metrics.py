@@ -11,6 +11,7 @@ log = logging.getLogger("pybk.bookie.metrics")
 
 LOOP_LAG_INTERVAL = 0.1  # seconds between event loop lag samples
 LOOP_LAG_WARNING = 1.0   # a lag this long is logged as well
+LATENCY_BUCKETS = (.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5)
 
 
 class Metrics:
@@ -56,9 +57,42 @@ class Metrics:
                                     "(Unix time)", registry=r)
         self.scrub_last_run_seconds = Gauge("pybk_scrub_last_run_duration_seconds", "how long the last scrub "
                                             "run took", registry=r)
+        self.add_latency = Histogram("pybk_bookie_add_latency_seconds", "time from receiving an Add batch to "
+                                     "answering it (journal synced), per batch", buckets=LATENCY_BUCKETS, registry=r)
+        self.read_latency = Histogram("pybk_bookie_read_latency_seconds", "time to read and send the answers of "
+                                      "a Read of one entry or a range", buckets=LATENCY_BUCKETS, registry=r)
+        self.disk_total = Gauge("pybk_bookie_disk_total_bytes", "size of the disk (or disk_capacity budget) the "
+                                "usage ratio is of", registry=r)
+        self.disk_used = Gauge("pybk_bookie_disk_used_bytes", "bytes used on it (usage ratio x total)", registry=r)
+        self.high_water_mark = Gauge("pybk_bookie_disk_high_water_mark_ratio", "disk usage at which the bookie "
+                                     "turns read-only (high_water_mark)", registry=r)
+        self.low_water_mark = Gauge("pybk_bookie_disk_low_water_mark_ratio", "disk usage below which it turns "
+                                    "writable again (low_water_mark)", registry=r)
+        self.gc_runs = Counter("pybk_bookie_gc_runs", "garbage collection rounds completed", registry=r)
+        self.gc_deleted_ledgers = Counter("pybk_bookie_gc_deleted_ledgers", "ledgers dropped because they were "
+                                          "deleted from the metadata", registry=r)
+        self.gc_reclaimed_bytes = Counter("pybk_bookie_gc_reclaimed_bytes", "entry log bytes reclaimed by "
+                                          "compaction", registry=r)
+        self.gc_seconds = Histogram("pybk_bookie_gc_seconds", "garbage collection round duration",
+                                    buckets=(.01, .1, .5, 1, 5, 15, 60, 300, 1800), registry=r)
         self.loop_lag = Histogram("pybk_event_loop_lag_seconds", "how late the event loop ran a timer "
                                   "(time it was busy with other work)",
                                   buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
+
+    def water_marks(self, high: float, low: float) -> None:
+        self.high_water_mark.set(high)
+        self.low_water_mark.set(low)
+
+    def disk_measured(self, usage: float, total: int) -> None:
+        self.disk_usage.set(usage)
+        self.disk_total.set(total)
+        self.disk_used.set(usage * total)
+
+    def gc_collected(self, deleted_ledgers: int, reclaimed_bytes: int, seconds: float) -> None:
+        self.gc_runs.inc()
+        self.gc_deleted_ledgers.inc(deleted_ledgers)
+        self.gc_reclaimed_bytes.inc(reclaimed_bytes)
+        self.gc_seconds.observe(seconds)
 
     def journal_synced(self, seconds: float, nbytes: int, appends: int) -> None:
         self.journal_fsync.observe(seconds)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from time import monotonic
 from itertools import accumulate, chain
 
 import grpc
@@ -247,8 +248,9 @@ class BookieService(rpc.BookieServicer):
             state["bytes"] -= nbytes
             self.add_bytes_in_flight -= nbytes
 
-        def finish(batch, layout, results, fut, nbytes):
+        def finish(batch, layout, results, fut, nbytes, received):
             release(nbytes)
+            bookie.metrics.add_latency.observe(monotonic() - received)
             error = None
             if fut is not None:
                 exc = fut.exception() if not fut.cancelled() else OSError("bookie shutting down")
@@ -260,6 +262,7 @@ class BookieService(rpc.BookieServicer):
             nonlocal principal, denied, keyless
             try:
                 async for batch, nbytes in request_iterator:
+                    received = monotonic()
                     state["outstanding"] += 1
                     if denied:
                         principal, denied = self._authorize_stream(context, Operation.ADD)
@@ -288,10 +291,10 @@ class BookieService(rpc.BookieServicer):
                         results = [(i, pb.IO_ERROR, str(exc)) for i in range(n)]
                         fut = None
                     if fut is None:
-                        finish(batch, layout, results, None, nbytes)
+                        finish(batch, layout, results, None, nbytes, received)
                     else:
-                        fut.add_done_callback(lambda f, b=batch, lo=layout, r=results, nb=nbytes:
-                                              finish(b, lo, r, f, nb))
+                        fut.add_done_callback(lambda f, b=batch, lo=layout, r=results, nb=nbytes, t=received:
+                                              finish(b, lo, r, f, nb, t))
             finally:
                 state["eof"] = True
                 done.put_nowait(None)
@@ -363,8 +366,10 @@ class BookieService(rpc.BookieServicer):
                 m.read_errors.labels("NO_LEDGER").inc()
                 await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1))
                 return
+            started = monotonic()
             await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED),
                                        not request.flags & pb.DIGESTS_CHECKED)
+            m.read_latency.observe(monotonic() - started)
         except (BookieStorageError, OSError) as exc:
             log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc,
                       extra={"ledger_id": ledger, "entry_range": [first, last]})

@@ -30,6 +30,7 @@ from pybk.security.files import file_stamps
 
 from .errors import (MetadataAuthError, MetadataError, MetadataPermissionError, MetadataTlsError,
                      MetadataUnavailableError)
+from .metrics import ETCD_ERRORS
 from .uri import MetadataUri, read_option_file, read_secret
 
 log = logging.getLogger(__name__)
@@ -310,6 +311,7 @@ class Etcd:
         """Translate a gRPC error into the metadata error a caller can act on (last: the
         channel's last connection error, when known)."""
         code = exc.code()
+        ETCD_ERRORS.labels(code.name).inc()
         if code in _UNAVAILABLE:
             detail = ("no answer within %.1fs" % self.timeout if code == grpc.StatusCode.DEADLINE_EXCEEDED
                       else exc.details() or code.name)

@@ -163,6 +163,7 @@ class Auditor:
         report.duration = time.monotonic() - t0
         report.marked.sort()
         metrics.AUDIT_SECONDS.observe(report.duration)
+        metrics.LAST_AUDIT.set(time.time())
         metrics.UNDER_REPLICATED.set(await self.store.underreplication.count())
         metrics.PLACEMENT_VIOLATIONS.set(len(report.violations))
         self.last_audit = report

@@ -109,10 +109,18 @@ class AutoRecovery:
 
     async def _drains(self) -> None:
         """Finish decommissions (also those started with --no-wait)."""
+        shown: set[str] = set()
         while True:
             try:
-                for rec in (await self.store.decommission.list()).values():
-                    await decommission.drain_step(self.store, rec)
+                records = await self.store.decommission.list()
+                for bookie, rec in records.items():
+                    progress = await decommission.drain_step(self.store, rec)
+                    metrics.DECOMMISSION_TOTAL.labels(bookie).set(progress.total)
+                    metrics.DECOMMISSION_REMAINING.labels(bookie).set(progress.remaining)
+                for bookie in shown - set(records):
+                    metrics.DECOMMISSION_TOTAL.remove(bookie)
+                    metrics.DECOMMISSION_REMAINING.remove(bookie)
+                shown = set(records)
             except asyncio.CancelledError:
                 raise
             except Exception:

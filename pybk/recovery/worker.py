@@ -95,6 +95,8 @@ class ReplicationWorker:
         """One pass over the markers; returns how many ledgers were finished."""
         markers = [m async for m in self.store.underreplication.list()]
         metrics.UNDER_REPLICATED.set(len(markers))
+        metrics.OLDEST_UNDER_REPLICATED.set(
+            max(0.0, time.time() - min(m.since_ms for m in markers) / 1000) if markers else 0.0)
         now = time.monotonic()
         todo = [m for m in markers if self._retry_after.get(m.ledger_id, 0) <= now]
         random.shuffle(todo)
@@ -123,6 +125,7 @@ class ReplicationWorker:
         except Exception as exc:
             failures = self._failures.get(marker.ledger_id, 0) + 1
             self._failures[marker.ledger_id] = failures
+            metrics.REPLICATION_FAILURES.inc()
             delay = min(30.0, self.options.poll_interval * 2 ** min(failures, 8))
             log.warning("ledger %d: %s; retrying in %.1fs", marker.ledger_id, exc, delay,
                         exc_info=not isinstance(exc, (ReplicationFailed, NotEnoughBookiesError, BookieUnavailable)),

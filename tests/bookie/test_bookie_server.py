@@ -89,6 +89,11 @@ async def test_gc_drops_ledgers_deleted_from_metadata_also_after_restart(bookies
             await store.ledgers.delete(drop.ledger_id)
             result = await asyncio.to_thread(b.http_json, "/api/v1/bookie/gc", "POST")
             assert result["deleted_ledgers"] == [drop.ledger_id] and result["dropped_entries"] == 20
+            status, page = b.http_get("/metrics")
+            assert status == 200
+            lines = page.decode().splitlines()
+            assert "pybk_bookie_gc_runs_total 1.0" in lines and "pybk_bookie_gc_deleted_ledgers_total 1.0" in lines
+            assert f"pybk_bookie_gc_reclaimed_bytes_total {float(result['reclaimed_bytes'])}" in lines
             with pytest.raises(BookieError) as err:
                 await c.read(drop.ledger_id, 0)
             assert err.value.code is Status.NO_LEDGER

@@ -7,6 +7,8 @@ import os
 import sys
 import urllib.request
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from pybk.client import BookKeeper
 from pybk.meta import LedgerState, MetadataStore
 
@@ -44,6 +46,7 @@ async def test_shell_and_admin_api_list_trigger_recover_and_decommission(bookies
         rc, out, err = await shell(short_lease_uri, "triggeraudit", "-o", "json")
         assert rc == 0 and json.loads(out)["triggered"], err
         await eventually(lambda: _audited(ar), 60, what="the triggered audit to run")
+        assert _metric(ar, "pybk_recovery_last_audit_timestamp_seconds") > 0
 
         # a dead bookie: nothing happens by itself (delay 600 s); `recover` re-replicates it now
         counts = {p.bookie_id: 0 for p in procs}
@@ -58,6 +61,7 @@ async def test_shell_and_admin_api_list_trigger_recover_and_decommission(bookies
         assert "recovered" in out
         rc, out, _ = await shell(short_lease_uri, "listunderreplicated", "-o", "json")
         assert rc == 0 and json.loads(out) == []
+        assert _metric(ar, "pybk_recovery_bytes_replicated_total") > 0
 
         # decommission through the admin API, then watch it finish from the shell
         live = [p for p in procs if p is not dead]
@@ -74,6 +78,11 @@ async def test_shell_and_admin_api_list_trigger_recover_and_decommission(bookies
         assert status == 200 and body["state"] == "done" and body["ledgers_remaining"] == 0
         state, _ = await store.registry.get(leaving.bookie_id)
         assert state == "readonly"
+        drained = {"bookie": leaving.bookie_id}
+        await eventually(lambda: _drain_shown(ar, leaving.bookie_id), 60,
+                         what="the finished drain in the decommission metrics")
+        # the shell's request came after the API's drain had finished: it started (and ended) with nothing left
+        assert _metric(ar, "pybk_recovery_decommission_ledgers", drained) is not None
         rest = {p.bookie_id: p.address for p in live if p is not leaving}
         await assert_fully_replicated(store, rest, written)
 
@@ -87,6 +96,21 @@ async def test_shell_and_admin_api_list_trigger_recover_and_decommission(bookies
     finally:
         await bk.close()
         await store.close()
+
+
+def _metric(ar, name: str, labels: dict | None = None) -> float | None:
+    """One sample of the autorecovery process's /metrics (None when it has none)."""
+    with urllib.request.urlopen(ar.http_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == (labels or {}):
+                return sample.value
+    return None
+
+
+async def _drain_shown(ar, bookie_id: str) -> bool:
+    return _metric(ar, "pybk_recovery_decommission_remaining_ledgers", {"bookie": bookie_id}) == 0
 
 
 async def _audited(ar) -> bool:
