@@ -93,6 +93,16 @@ def configure(level: str | int, fmt: LogFormat = LogFormat.TEXT) -> None:
     _CONFIGURED[:] = [fmt]
 
 
+def fatal(logger: str, text: str) -> None:
+    """Print why a process stops (`pybk bookie: refusing to start: ...`) on stderr: the text as it
+    is, or in the json format a CRITICAL line carrying it as its message."""
+    if _CONFIGURED == [LogFormat.JSON]:
+        record = logging.LogRecord(logger, logging.CRITICAL, "", 0, text, None, None)
+        print(JsonFormatter().format(record), file=sys.stderr, flush=True)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def event_line(logger: str, message: str, **fields: Any) -> str:
     """A machine-readable event a process prints on stdout (a bookie's `ready`): the JSON of
     `fields`, which in the json log format also carries a log line's fields, so that every line

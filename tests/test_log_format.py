@@ -96,3 +96,16 @@ def test_an_unknown_log_format_is_refused_at_start_naming_it(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == ("pybk bookie: --log-format: bad value for log_format: "
                                            "not a log format: 'xml' (use text or json)")
+
+
+def test_a_bookie_that_refuses_to_start_says_why_in_one_json_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--log-format", "json",
+                           "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key"),
+                           "--journal-dir", str(tmp_path / "j"), "--ledger-dir", str(tmp_path / "l"),
+                           "--port", "0", "--http-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    objects = _parse_lines(proc.stderr)
+    assert objects[-1]["level"] == "CRITICAL"
+    assert objects[-1]["message"].startswith("pybk bookie: refusing to start: ")
+    assert "tls_cert is set but tls_ca is not" in objects[-1]["message"]

@@ -54,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
         return eventloop.run(BookieServer(cfg).serve(), cfg["event_loop"])
     except (EventLoopError, CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError,
             CertificateError, AuthFileError, SecurityConfigError) as exc:
-        print(f"pybk bookie: refusing to start: {exc}", file=sys.stderr)
+        logformat.fatal(log.name, f"pybk bookie: refusing to start: {exc}")
         return 3
     except OSError as exc:
-        print(f"pybk bookie: {exc}", file=sys.stderr)
+        logformat.fatal(log.name, f"pybk bookie: {exc}")
         return 1
 
 

@@ -5,16 +5,17 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from typing import Any, Mapping
 
-from pybk import config, eventloop
+from pybk import config, eventloop, logformat
 from pybk.eventloop import EventLoopError
 from pybk.security.auth import AuthFileError
 from pybk.security.server import SecurityConfigError, ServerSecurity
 from pybk.security.tls import CertificateError
 
 from .options import RecoveryOptions, from_config
+
+log = logging.getLogger("pybk.recovery")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,9 +60,9 @@ async def serve(cfg: Mapping[str, Any], options: RecoveryOptions, security: Serv
             await web.TCPSite(runner, cfg["http_host"], cfg["http_port"],
                               ssl_context=http_ssl.context if http_ssl else None).start()
             for warning in security.warnings(address):
-                logging.getLogger("pybk.recovery").warning("%s", warning)
-        logging.getLogger("pybk.recovery").info("autorecovery %s running (http %s, event loop %s)", recovery.name,
-                                                address or "off", eventloop.running())
+                log.warning("%s", warning)
+        log.info("autorecovery %s running (http %s, event loop %s)", recovery.name, address or "off",
+                 eventloop.running())
         await recovery.run()
     finally:
         if runner is not None:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         security = ServerSecurity.from_config(cfg)
     except (CertificateError, AuthFileError, SecurityConfigError) as exc:
-        print(f"pybk autorecovery: refusing to start: {exc}", file=sys.stderr)
+        logformat.fatal(log.name, f"pybk autorecovery: refusing to start: {exc}")
         return 3
 
     async def main() -> None:
@@ -93,12 +94,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         eventloop.run(main(), cfg["event_loop"])
     except EventLoopError as exc:
-        print(f"pybk autorecovery: refusing to start: {exc}", file=sys.stderr)
+        logformat.fatal(log.name, f"pybk autorecovery: refusing to start: {exc}")
         return 3
     except Exception as exc:
         from pybk.meta import MetadataError
         if isinstance(exc, MetadataError):
-            print(f"pybk autorecovery: {exc}")
+            logformat.fatal(log.name, f"pybk autorecovery: {exc}")
             return 1
         raise
     return 0
