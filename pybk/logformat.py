@@ -14,10 +14,12 @@ import datetime
 import enum
 import json
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ENV = "PYBK_LOG_FORMAT"  # the variable of the log_format option (pybk.config), read here by from_env
 
 # `bookie` is a bookie the message is about (a replica, a lost bookie); a bookie's own id is the
 # process field `bookie_id` on every line it writes.
@@ -38,6 +40,15 @@ def parse_log_format(text: str | LogFormat) -> LogFormat:
         return LogFormat(str(text).strip().lower())
     except ValueError:
         raise ValueError(f"not a log format: {text!r} (use text or json)") from None
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> LogFormat:
+    """The format `PYBK_LOG_FORMAT` names, text when it is unset or unknown: for helpers that run
+    before (or without) a process's own settings, such as the bookie entrypoint's zone lookup."""
+    try:
+        return parse_log_format((os.environ if environ is None else environ).get(ENV, LogFormat.TEXT))
+    except ValueError:
+        return LogFormat.TEXT
 
 
 def set_process_fields(**fields: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import ssl
 import sys
@@ -17,8 +18,11 @@ import time
 import urllib.request
 from collections.abc import Mapping
 
+from pybk import logformat
+
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANNOTATION = "pybk.io/zone"
+log = logging.getLogger("pybk.operator.podzone")
 
 
 POD_ENV = ("POD_NAME", "POD_NAMESPACE", "KUBERNETES_SERVICE_HOST")
@@ -44,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the annotation (default 30)")
     args = p.parse_args(argv)
+    logformat.configure(logging.INFO, logformat.from_env())  # stderr, as the bookie will log
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     missing = missing_pod_env(os.environ)
     if missing:
-        print(f"podzone: not in a Kubernetes pod ({'/'.join(missing)} unset); no zone", file=sys.stderr)
+        log.warning("not in a Kubernetes pod (%s unset); no zone", "/".join(missing))
         print("")
         return 0
     deadline = time.monotonic() + args.wait
@@ -58,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(annotations[ANNOTATION])
                 return 0
         except (OSError, ValueError, KeyError) as e:
-            print(f"podzone: reading pod {namespace}/{name}: {e}", file=sys.stderr)
+            log.warning("reading pod %s/%s: %s", namespace, name, e)
         if time.monotonic() >= deadline:
-            print(f"podzone: no {ANNOTATION} annotation after {args.wait:.0f}s; no zone", file=sys.stderr)
+            log.warning("no %s annotation after %.0fs; no zone", ANNOTATION, args.wait)
             print("")
             return 0
         time.sleep(1)
