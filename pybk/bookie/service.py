@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from time import monotonic
 from itertools import accumulate, chain
+from time import monotonic
 
 import grpc
 from google.protobuf.message import DecodeError
