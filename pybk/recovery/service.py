@@ -108,26 +108,32 @@ class AutoRecovery:
             await asyncio.sleep(self.options.job_gc_interval)
 
     async def _drains(self) -> None:
-        """Finish decommissions (also those started with --no-wait)."""
+        """Finish decommissions (also those started with --no-wait), and show their progress in
+        the decommission gauges while this process is the auditor."""
         shown: set[str] = set()
-        while True:
-            try:
-                records = await self.store.decommission.list()
-                for bookie, rec in records.items():
-                    progress = await decommission.drain_step(self.store, rec)
-                    metrics.DECOMMISSION_TOTAL.labels(bookie).set(progress.total)
-                    metrics.DECOMMISSION_REMAINING.labels(bookie).set(progress.remaining)
-                for bookie in shown - set(records):
-                    metrics.DECOMMISSION_TOTAL.remove(bookie)
-                    metrics.DECOMMISSION_REMAINING.remove(bookie)
-                shown = set(records)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("drain check failed")
-            if self.worker is not None:
-                self.worker.wake()
-            await asyncio.sleep(self.options.poll_interval)
+        try:
+            while True:
+                try:
+                    records = await self.store.decommission.list()
+                    for bookie, rec in records.items():
+                        progress = await decommission.drain_step(self.store, rec)
+                        metrics.DECOMMISSION_TOTAL.labels(bookie).set(progress.total)
+                        metrics.DECOMMISSION_REMAINING.labels(bookie).set(progress.remaining)
+                        shown.add(bookie)
+                    for bookie in shown - set(records):  # requests cleared meanwhile
+                        metrics.DECOMMISSION_TOTAL.remove(bookie)
+                        metrics.DECOMMISSION_REMAINING.remove(bookie)
+                        shown.discard(bookie)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("drain check failed")
+                if self.worker is not None:
+                    self.worker.wake()
+                await asyncio.sleep(self.options.poll_interval)
+        finally:  # no longer the auditor: the new one shows them
+            metrics.DECOMMISSION_TOTAL.clear()
+            metrics.DECOMMISSION_REMAINING.clear()
 
     async def status(self) -> dict:
         """What /api/v1/autorecovery/status shows."""
