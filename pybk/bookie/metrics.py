@@ -26,6 +26,9 @@ class Metrics:
         self.read_requests = Counter("pybk_bookie_read_requests", "entry reads (Read RPCs for a range, "
                                      "one entry or many) received", registry=r)
         self.read_bytes = Counter("pybk_bookie_read_bytes", "bytes of entry bodies returned by reads", registry=r)
+        self.denied = Counter("pybk_bookie_denied_requests", "requests refused by authentication or "
+                              "authorization, by operation and gRPC code (UNAUTHENTICATED, PERMISSION_DENIED)",
+                              ["operation", "code"], registry=r)
         self.read_errors = Counter("pybk_bookie_read_errors", "reads answered with an error, by status",
                                    ["status"], registry=r)
         self.add_batch_size = Histogram("pybk_bookie_add_batch_entries", "entries per Add batch received",

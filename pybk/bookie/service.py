@@ -185,6 +185,7 @@ class BookieService(rpc.BookieServicer):
             log.info("refused %s from %s: %s", operation.value, context.peer(), exc.message)
             code = grpc.StatusCode.UNAUTHENTICATED if exc.denial is Denial.UNAUTHENTICATED \
                 else grpc.StatusCode.PERMISSION_DENIED
+            self.bookie.metrics.denied.labels(operation.value, code.name).inc()
             return None, code, f"{operation.value} refused: {exc.message}"
 
     async def _authorize(self, context, operation: Operation) -> Principal:

@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pybk import entry
 from pybk.bookie.client import BookieAccessDeniedError, BookieClient, BookieUnavailableError, Status
@@ -69,6 +70,11 @@ async def test_unknown_token_is_unauthenticated(bookies, pki, tmp_path):
         with pytest.raises(BookieAccessDeniedError) as err:
             await c.read_lac(LEDGER)
     assert err.value.grpc_code is grpc.StatusCode.UNAUTHENTICATED and "unknown bearer token" in err.value.message
+    status, page = await asyncio.to_thread(b.http_get, "/metrics")
+    assert status == 200
+    denied = {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(page.decode())
+              for s in f.samples if s.name == "pybk_bookie_denied_requests_total"}
+    assert denied == {(("code", "UNAUTHENTICATED"), ("operation", "read")): 1.0}
 
 
 async def test_reader_reads_but_cannot_add_fence_or_write_lac(bookies, pki):
