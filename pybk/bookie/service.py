@@ -368,9 +368,11 @@ class BookieService(rpc.BookieServicer):
                 await context.write(pb.ReadResults(status=pb.NO_LEDGER, message=_why(pb.NO_LEDGER, ledger), lac=-1))
                 return
             started = monotonic()
-            await self._stream_entries(context, ledger, first, last, step, lac, bool(request.flags & pb.PACKED),
-                                       not request.flags & pb.DIGESTS_CHECKED)
-            m.read_latency.observe(monotonic() - started)
+            try:
+                await self._stream_entries(context, ledger, first, last, step, lac,
+                                           bool(request.flags & pb.PACKED), not request.flags & pb.DIGESTS_CHECKED)
+            finally:  # a reader that stops once it has what it needs cancels the stream: still a read
+                m.read_latency.observe(monotonic() - started)
         except (BookieStorageError, OSError) as exc:
             log.error("read %d:[%d,%d] failed: %s", ledger, first, last, exc,
                       extra={"ledger_id": ledger, "entry_range": [first, last]})

@@ -208,8 +208,9 @@ class LocalCluster:
         self.applied_hash = self.spec.resources_hash()
 
     # -- whole cluster -----------------------------------------------------------------------
-    def start(self, timeout: float = 120.0) -> dict[str, Any]:
-        """Start etcd and spec.replicas bookies, wait until all serve, write local.json."""
+    def start(self, timeout: float = 120.0, serving: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        """Start etcd and spec.replicas bookies, wait until all serve, write local.json. serving()
+        runs just before local.json announces the cluster: from there on it is up, not starting."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.start_etcd(timeout)
@@ -223,6 +224,7 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        serving()
         return self.write_local_json()
 
     def reconcile(self, spec: BookieClusterSpec, timeout: float = 3600.0, poll: float = 0.5,

@@ -43,6 +43,10 @@ class _Signals:
             self.interrupt_startup = False  # once: a second signal must not break the clean-up
             interrupt_or_defer()
 
+    def started(self) -> None:
+        """From now on a stop signal stops a running cluster (exit 0) instead of aborting a start."""
+        self.interrupt_startup = False
+
     def _on_reload(self, signum, frame) -> None:
         self.reload = True
 
@@ -64,8 +68,7 @@ def supervise(cluster: LocalCluster, on_ready: Callable[[dict[str, Any]], None] 
             cluster.manifest_text = (cluster.data_dir / MANIFEST).read_text()
         except OSError:
             pass
-        doc = cluster.start()
-        sig.interrupt_startup = False
+        doc = cluster.start(serving=sig.started)
         if on_ready is not None:
             on_ready(doc)
         while not sig.stop:
