@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 UNDER_REPLICATED = Gauge("pybk_recovery_under_replicated_ledgers",
                          "ledgers marked under-replicated, as last seen by this process", registry=None)
@@ -33,18 +34,15 @@ DECOMMISSION_REMAINING = Gauge("pybk_recovery_decommission_remaining_ledgers", "
 REPLICATION_FAILURES = Counter("pybk_recovery_replication_failures",
                                "ledger replication attempts that failed and will be retried", registry=None)
 
-ALL = (UNDER_REPLICATED, BYTES_REPLICATED, ENTRIES_REPLICATED, LEDGERS_REPLICATED, AUDIT_SECONDS, LOST_BOOKIES,
-       PLACEMENT_VIOLATIONS, IS_AUDITOR, OLDEST_UNDER_REPLICATED, LAST_AUDIT, DECOMMISSION_TOTAL,
-       DECOMMISSION_REMAINING, REPLICATION_FAILURES)
 _registered = False
 _oldest_since: float | None = None  # Unix time of the oldest marker the worker last saw
 
 
 def register() -> None:
-    """Put the recovery metrics into the process-wide registry (once; AutoRecovery calls it)."""
+    """Put every metric of this module into the process-wide registry (once; AutoRecovery calls it)."""
     global _registered
     if not _registered:
-        for metric in ALL:
+        for metric in [v for v in globals().values() if isinstance(v, MetricWrapperBase)]:
             REGISTRY.register(metric)
         _registered = True
 
