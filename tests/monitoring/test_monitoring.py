@@ -229,7 +229,7 @@ def test_dashboard_is_grafana_dashboard_json_with_a_datasource_and_queries_on_ev
     titles = " ".join(p["title"].lower() for p in graphs)
     for question in ("adds", "reads", "add latency", "read latency", "journal fsync", "write cache", "disk",
                      "read-only", "under-replicated", "re-replication", "audit", "decommission", "gc",
-                     "scrubber", "etcd errors", "errors by status"):
+                     "scrubber", "etcd errors", "errors by status", "grpc errors", "read-only bookies by reason"):
         assert question in titles, f"no panel answers {question!r}"
 
 
