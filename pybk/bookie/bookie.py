@@ -8,6 +8,7 @@ from that mark. Ledger state (master key, fenced, LAC) is journaled and checkpoi
 from __future__ import annotations
 
 import asyncio
+import enum
 import fcntl
 import json
 import logging
@@ -48,6 +49,13 @@ JOURNAL_LOSS_FILE = "journal.loss"  # in the journal dir: an accepted loss not y
 LOCK_FILE = "LOCK"  # in the journal dir: flock'd by the process that has the dirs open
 DISK_READ_ENTRIES = 4096  # entries per worker-thread read from the entry logs
 READ_SPAN = 4 << 20  # neighbouring records within this many bytes of a run's first are read with one pread
+
+
+class ReadOnlyReason(enum.Enum):
+    """Why a bookie refuses adds (it may have several reasons at once)."""
+    DISK = "disk"            # above the high-water mark, or a write found the disk full
+    JOURNAL = "journal"      # a journal write failed: until restarted
+    REQUESTED = "requested"  # the admin API (a decommission drains a bookie this way)
 
 
 class AddRun(NamedTuple):
@@ -139,6 +147,7 @@ class Bookie:
         self.opts = options or StorageOptions()
         self.metrics = metrics or Metrics()
         self.metrics.water_marks(self.opts.high_water_mark, self.opts.low_water_mark)
+        self.metrics.explain_read_only(ReadOnlyReason, lambda: self.read_only_reasons)
         self.ledgers: dict[int, LedgerState] = {}
         self.cache = WriteCache()
         self.flushing: WriteCache | None = None
@@ -290,6 +299,13 @@ class Bookie:
     @property
     def read_only(self) -> bool:
         return self.read_only_forced or self.read_only_disk or self.journal_failed
+
+    @property
+    def read_only_reasons(self) -> list[ReadOnlyReason]:
+        """Every reason the bookie is read-only now (empty: writable)."""
+        held = {ReadOnlyReason.DISK: self.read_only_disk, ReadOnlyReason.JOURNAL: self.journal_failed,
+                ReadOnlyReason.REQUESTED: self.read_only_forced}
+        return [reason for reason, on in held.items() if on]
 
     def add_batch(self, entries, keyless: bool = False, admit: Admission | None = None
                   ) -> tuple[list[tuple[int, int, str]], asyncio.Future | None]:

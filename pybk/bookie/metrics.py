@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+from typing import Callable, Collection, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -45,6 +47,12 @@ class Metrics:
         self.checkpoints = Counter("pybk_bookie_checkpoints", "checkpoints completed", registry=r)
         self.checkpoint_seconds = Histogram("pybk_bookie_checkpoint_seconds", "checkpoint duration", registry=r)
         self.read_only = Gauge("pybk_bookie_read_only", "1 when the bookie is read-only", registry=r)
+        self.read_only_reason = Gauge("pybk_bookie_read_only_reason", "1 for each reason the bookie is "
+                                      "read-only: disk (above the high-water mark or full), journal (a journal "
+                                      "write failed), requested (admin API, decommission)", ["reason"], registry=r)
+        self.grpc_errors = Counter("pybk_bookie_grpc_errors", "gRPC calls that ended with a status other than OK, "
+                                   "by method and gRPC status code (CANCELLED: the caller went away or its "
+                                   "deadline passed)", ["method", "code"], registry=r)
         self.disk_usage = Gauge("pybk_bookie_disk_usage_ratio", "used fraction of the bookie's disk", registry=r)
         self.ledgers = Gauge("pybk_bookie_ledgers", "ledgers known to this bookie", registry=r)
         self.scrub_runs = Counter("pybk_scrub_runs", "scrub runs finished (stopped early ones too)", registry=r)
@@ -81,6 +89,12 @@ class Metrics:
         self.loop_lag = Histogram("pybk_event_loop_lag_seconds", "how late the event loop ran a timer "
                                   "(time it was busy with other work)",
                                   buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
+
+    def explain_read_only(self, reasons: Iterable[enum.Enum], current: Callable[[], Collection[enum.Enum]]) -> None:
+        """pybk_bookie_read_only_reason{reason}: 1 for each of `reasons` in current(), asked at
+        scrape time, so a reason that comes or goes while the bookie stays read-only shows too."""
+        for reason in reasons:
+            self.read_only_reason.labels(reason.value).set_function(lambda r=reason: float(r in current()))
 
     def water_marks(self, high: float, low: float) -> None:
         self.high_water_mark.set(high)

@@ -13,6 +13,7 @@ from time import monotonic
 
 import grpc
 from google.protobuf.message import DecodeError
+from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
@@ -639,10 +640,21 @@ def _over_cap(held: int, nbytes: int, cap: int, where: str, option: str) -> str:
     return ""
 
 
-def _checked(name: str, behavior, client_streaming: bool):
-    """Wrap one servicer method so that an Undecodable request ends the call with INVALID_ARGUMENT.
-    On the Add stream the good batches before it are still answered. Server-streaming methods
-    write their answers with context.write, so they wrap like unary ones."""
+def _failed_code(context, exc: BaseException) -> str:
+    """The gRPC status code name a call that raised `exc` ends with: what context.abort set,
+    CANCELLED when the caller went away (or its deadline passed), else UNKNOWN (an unexpected error)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED.name
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN.name
+
+
+def _checked(name: str, behavior, client_streaming: bool, errors: Counter):
+    """Wrap one servicer method so that an Undecodable request ends the call with INVALID_ARGUMENT,
+    and a call that ends with an error is counted in `errors` by method and code (the one place
+    every RPC passes; free while nothing fails). On the Add stream the good batches before it are
+    still answered. Server-streaming methods write their answers with context.write, so they wrap
+    like unary ones."""
     if client_streaming:
         async def add(request_iterator, context):
             bad: list[Undecodable] = []
@@ -653,15 +665,24 @@ def _checked(name: str, behavior, client_streaming: bool):
                         bad.append(request)
                         return
                     yield request
-            await behavior(decoded(), context)
-            if bad:
-                log.warning("%s from %s: %s", name, context.peer(), bad[0].message)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0].message)
+            try:
+                await behavior(decoded(), context)
+                if bad:
+                    log.warning("%s from %s: %s", name, context.peer(), bad[0].message)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0].message)
+            except BaseException as exc:
+                errors.labels(name, _failed_code(context, exc)).inc()
+                raise
         return add
+
     async def unary(request, context):
-        if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        return await behavior(request, context)
+        try:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            return await behavior(request, context)
+        except BaseException as exc:
+            errors.labels(name, _failed_code(context, exc)).inc()
+            raise
     return unary
 
 
@@ -673,7 +694,8 @@ def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
         make = {(True, True): grpc.stream_stream_rpc_method_handler,
                 (False, True): grpc.unary_stream_rpc_method_handler,
                 (False, False): grpc.unary_unary_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming),
+        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming,
+                                         service.bookie.metrics.grpc_errors),
                                 request_deserializer=_lenient(m.name, request_type, m.client_streaming),
                                 response_serializer=wire.serializer(response_type))
     return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)

@@ -29,6 +29,7 @@ class AutoRecovery:
     def __init__(self, store, metadata_uri: str, options: RecoveryOptions | None = None,
                  name: str | None = None, http: str = "", worker: bool = True, security=None):
         """security: the ClientSecurity bookies are called with (default: from the environment)."""
+        metrics.register()
         self.store = store
         self.options = options or RecoveryOptions()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"

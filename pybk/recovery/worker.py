@@ -94,9 +94,7 @@ class ReplicationWorker:
     async def run_once(self) -> int:
         """One pass over the markers; returns how many ledgers were finished."""
         markers = [m async for m in self.store.underreplication.list()]
-        metrics.UNDER_REPLICATED.set(len(markers))
-        metrics.OLDEST_UNDER_REPLICATED.set(
-            max(0.0, time.time() - min(m.since_ms for m in markers) / 1000) if markers else 0.0)
+        metrics.under_replicated_seen(len(markers), min(m.since_ms for m in markers) / 1000 if markers else None)
         now = time.monotonic()
         todo = [m for m in markers if self._retry_after.get(m.ledger_id, 0) <= now]
         random.shuffle(todo)

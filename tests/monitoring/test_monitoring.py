@@ -12,8 +12,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
+from polling import eventually
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from pybk.cluster.spec import load_manifest
@@ -29,10 +32,59 @@ ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
 MONITORING = {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
                              "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}}}
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # Prometheus Operator CRDs
+# The Prometheus Operator's v1 CRDs (monitoring.coreos.com), reduced to the fields the chart sets,
+# written from its API reference: types, enums and duration patterns as the CRDs state them, and
+# additionalProperties false where the CRDs list properties, so a misspelt field fails here.
+DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                         r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+OBJECT_META = {"type": "object", "required": ["name", "namespace"],
+               "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": LABELS}}
+RELABEL = {"type": "object", "additionalProperties": False, "properties": {
+    "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+    "targetLabel": {"type": "string"}, "replacement": {"type": "string"}, "regex": {"type": "string"},
+    "separator": {"type": "string"}, "modulus": {"type": "integer"},
+    "action": {"enum": ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+                        "uppercase", "keepequal", "dropequal"]}}}
+ENDPOINT = {"type": "object", "additionalProperties": False, "required": ["port"], "properties": {
+    "port": {"type": "string"}, "path": {"type": "string"}, "interval": DURATION,
+    "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "tlsConfig": {"type": "object"},
+    "relabelings": {"type": "array", "items": RELABEL}}}
+MONITOR_SPEC = {"namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+                    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                "selector": {"type": "object", "required": ["matchLabels"], "additionalProperties": False,
+                             "properties": {"matchLabels": LABELS}}}
+
+
+def _monitoring_kind(kind: str, spec: dict) -> dict:
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+            "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": kind},
+                           "metadata": OBJECT_META, "spec": spec}}
+
+
+MONITORING_SCHEMAS = {
+    "ServiceMonitor": _monitoring_kind("ServiceMonitor", {
+        "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+        "properties": {**MONITOR_SPEC, "endpoints": {"type": "array", "minItems": 1, "items": ENDPOINT}}}),
+    "PodMonitor": _monitoring_kind("PodMonitor", {
+        "type": "object", "required": ["selector", "podMetricsEndpoints"], "additionalProperties": False,
+        "properties": {**MONITOR_SPEC, "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": ENDPOINT}}}),
+    "PrometheusRule": _monitoring_kind("PrometheusRule", {
+        "type": "object", "required": ["groups"], "additionalProperties": False, "properties": {"groups": {
+            "type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["name", "rules"], "additionalProperties": False, "properties": {
+                    "name": {"type": "string", "minLength": 1}, "interval": DURATION,
+                    "rules": {"type": "array", "minItems": 1, "items": {
+                        "type": "object", "required": ["alert", "expr", "labels", "annotations"],
+                        "additionalProperties": False, "properties": {
+                            "alert": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9]*$"},
+                            "expr": {"type": "string", "minLength": 1}, "for": DURATION,
+                            "labels": LABELS, "annotations": LABELS}}}}}}}}),
+}
 # PromQL words that look like metric names but are not
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
                 "bool", "le", "vector", "time", "rate", "increase", "changes", "sum", "max", "min", "count",
-                "histogram_quantile", "predict_linear", "absent"}
+                "histogram_quantile", "predict_linear", "absent", "group"}
 
 
 def rendered(values: dict) -> list[dict]:
@@ -117,13 +169,14 @@ def test_every_alert_fires_on_its_synthetic_series_in_promtool(promtool, rules_d
     assert "SUCCESS" in res.stdout
 
 
-def test_every_alert_has_a_severity_summary_description_and_runbook_section():
+def test_every_alert_has_a_severity_summary_description_and_a_runbook_url_to_its_section():
     operations = (ROOT / "docs" / "operations.md").read_text()
     headings = {re.sub(r"[^a-z0-9]", "", h.lower()) for h in re.findall(r"^#+\s+(.*)$", operations, re.M)}
     for rule in alert_rules():
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
-        anchor = rule["annotations"]["runbook"].split("#")[1]
+        page, anchor = rule["annotations"]["runbook_url"].split("#")
+        assert (ROOT / page).resolve() == (ROOT / "docs" / "operations.md").resolve(), rule["alert"]
         assert anchor == rule["alert"].lower()
         assert anchor in headings, f"docs/operations.md has no section {rule['alert']}"
 
@@ -134,7 +187,6 @@ def test_runbook_urls_follow_the_base_url_given():
     rules = one(rendered(values), "PrometheusRule")["spec"]["groups"][0]["rules"]
     assert [r["annotations"]["runbook_url"] for r in rules] == \
         [f"https://docs.example.org/pybk/operations#{r['alert'].lower()}" for r in rules]
-    assert all("runbook_url" not in r["annotations"] for r in alert_rules())
 
 
 def test_alert_thresholds_come_from_the_values():
@@ -177,12 +229,16 @@ def test_dashboard_is_grafana_dashboard_json_with_a_datasource_and_queries_on_ev
     titles = " ".join(p["title"].lower() for p in graphs)
     for question in ("adds", "reads", "add latency", "read latency", "journal fsync", "write cache", "disk",
                      "read-only", "under-replicated", "re-replication", "audit", "decommission", "gc",
-                     "scrubber", "etcd errors", "errors by status"):
+                     "scrubber", "etcd errors", "errors by status", "grpc errors", "read-only bookies by reason"):
         assert question in titles, f"no panel answers {question!r}"
 
 
-def test_docs_carry_the_charts_dashboard():
-    assert (ROOT / "docs" / "grafana-dashboard.json").read_text() == DASHBOARD.read_text()
+def test_docs_carry_a_copy_of_the_charts_dashboard():
+    """docs/grafana-dashboard.json is a file of its own (a raw download must be the JSON, not a
+    symlink's target path): after editing the chart's, `cp charts/pybk/dashboards/pybk.json docs/grafana-dashboard.json`."""
+    copy = ROOT / "docs" / "grafana-dashboard.json"
+    assert not copy.is_symlink()
+    assert copy.read_text() == DASHBOARD.read_text(), "docs/grafana-dashboard.json differs from the chart's dashboard"
 
 
 # ---- the chart -----------------------------------------------------------------------------
@@ -194,8 +250,8 @@ def test_chart_renders_and_validates_with_monitoring_on():
     docs = rendered(values)
     assert {d["kind"] for d in docs} >= MONITORING_KINDS | {"ConfigMap"}
     for doc in docs:
-        if doc["kind"] in MONITORING_KINDS:
-            assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["spec"], doc["metadata"]["name"]
+        if doc["kind"] in MONITORING_KINDS:  # not in kubernetes_validate's schemas: our own check
+            jsonschema.validate(doc, MONITORING_SCHEMAS[doc["kind"]])
             continue
         kubernetes_validate.validate(doc, "1.33.0", strict=True)
     board = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "pybk-dashboard")
@@ -205,6 +261,18 @@ def test_chart_renders_and_validates_with_monitoring_on():
     metrics_rule = bookie_policy["spec"]["ingress"][-1]
     assert metrics_rule["ports"] == [{"port": render.HTTP_PORT, "protocol": "TCP"}]
     assert metrics_rule["from"] == values["networkPolicy"]["metricsFrom"]
+
+
+def test_the_monitoring_check_rejects_what_the_prometheus_operator_would():
+    """The hand-written schemas catch a misspelt field, a bad duration and a rule without expr."""
+    docs = {d["kind"]: d for d in rendered(MONITORING) if d["kind"] in MONITORING_KINDS}
+    broken = json.loads(json.dumps(docs))
+    broken["ServiceMonitor"]["spec"]["endpoints"][0]["intervall"] = "30s"
+    broken["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["interval"] = "half a minute"
+    del broken["PrometheusRule"]["spec"]["groups"][0]["rules"][0]["expr"]
+    for kind, doc in broken.items():
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, MONITORING_SCHEMAS[kind])
 
 
 def test_monitoring_is_off_by_default():
@@ -271,7 +339,8 @@ def test_every_metric_the_dashboard_and_alerts_use_is_exported_by_real_processes
     finally:
         recovery.kill()
     used = {n for e in dashboard_exprs() + [r["expr"] for r in alert_rules()] for n in metric_names(e)}
-    assert {"pybk_bookie_adds_total", "pybk_recovery_is_auditor", "up"} <= used  # the parser finds names
+    assert {"pybk_bookie_adds_total", "pybk_recovery_is_auditor", "pybk_bookie_grpc_errors_total", "up"} <= used
+    assert not {"by", "group", "sum"} & used  # the parser skips PromQL's own words
     for name in sorted(used - {"up"}):  # `up` is Prometheus' own, per target
         if name.startswith("pybk_recovery_"):
             where = ["pybk-autorecovery"]
@@ -309,3 +378,76 @@ def test_a_bookie_measures_add_and_read_latency_and_its_disk_room(bookies, metad
     assert m["pybk_bookie_disk_total_bytes"] > 0
     assert m["pybk_bookie_disk_used_bytes"] == pytest.approx(
         m["pybk_bookie_disk_usage_ratio"] * m["pybk_bookie_disk_total_bytes"], rel=1e-6)
+
+
+def test_only_a_process_running_autorecovery_reports_recovery_figures(bookies):
+    """A bookie without --autorecovery has no auditor or worker: it must not show a 0 under
+    pybk_recovery_* that a dashboard would take for a real reading; one with it does report them."""
+    (plain,) = bookies(1)
+    (embedded,) = bookies(1, autorecovery=True)
+    assert not [n for n in scrape(plain.http_url + "/metrics") if n.startswith("pybk_recovery_")]
+    assert scrape(embedded.http_url + "/metrics")["pybk_recovery_is_auditor"] == "gauge"
+
+
+async def test_a_bookie_counts_grpc_errors_by_method_and_code(bookies):
+    import grpc
+    (bookie,) = bookies(1, metadata_uri=None)
+    async with grpc.aio.insecure_channel(bookie.address) as ch:
+        read = ch.unary_stream("/pybk.Bookie/Read", request_serializer=None, response_deserializer=None)
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in read(b"\xff\xff\xff\xff\x0f"):  # not a ReadRequest
+                    pass
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        info = ch.unary_unary("/pybk.Bookie/Info", request_serializer=None, response_deserializer=None)
+        assert await info(b"")  # an answered call is no error
+    m = labelled(bookie.http_url + "/metrics", "pybk_bookie_grpc_errors_total")
+    assert m == {(("code", "INVALID_ARGUMENT"), ("method", "Read")): 2.0}
+
+
+async def test_a_bookie_says_why_it_is_read_only(bookies):
+    (bookie,) = bookies(1, metadata_uri=None, disk_capacity=8 * 1024 * 1024, high_water_mark=0.5,
+                        low_water_mark=0.4, disk_check_interval=0.1, journal_prealloc_size="1MiB")
+    url = bookie.http_url + "/metrics"
+
+    def reasons() -> dict[str, float]:
+        return {dict(k)["reason"]: v for k, v in labelled(url, "pybk_bookie_read_only_reason").items()}
+
+    assert reasons() == {"disk": 0.0, "journal": 0.0, "requested": 0.0}
+    bookie.http_json("/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})
+    assert reasons() == {"disk": 0.0, "journal": 0.0, "requested": 1.0}
+    filler = bookie.ledger_dirs[0] / "filler"
+    filler.write_bytes(b"\0" * 5 * 1024 * 1024)  # past the high-water mark of the 8 MiB budget
+    await eventually(lambda: reasons()["disk"] == 1.0, 30, what="the disk reason")
+    assert reasons()["requested"] == 1.0 and samples(url)["pybk_bookie_read_only"] == 1.0
+    filler.unlink()
+    bookie.http_json("/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})
+    await eventually(lambda: reasons() == {"disk": 0.0, "journal": 0.0, "requested": 0.0}, 30,
+                     what="no reason left")
+    assert samples(url)["pybk_bookie_read_only"] == 0.0
+
+
+async def test_the_oldest_under_replicated_age_grows_between_worker_passes():
+    """The age is worked out when scraped, from the oldest marker's time: a long replication pass
+    does not hold it still (the under-replicated alert would otherwise wait for the pass)."""
+    from pybk.recovery import metrics
+    registry = CollectorRegistry()
+    registry.register(metrics.OLDEST_UNDER_REPLICATED)
+    age = "pybk_recovery_oldest_under_replicated_age_seconds"
+    try:
+        metrics.under_replicated_seen(3, time.time() - 100)
+        first = registry.get_sample_value(age)
+        assert 100 <= first < 160
+        await eventually(lambda: registry.get_sample_value(age) >= first + 0.2, 10, what="the age to grow")
+        metrics.under_replicated_seen(0, None)
+        assert registry.get_sample_value(age) == 0.0
+    finally:
+        registry.unregister(metrics.OLDEST_UNDER_REPLICATED)
+
+
+def labelled(url: str, name: str) -> dict[tuple, float]:
+    """{sorted label pairs: value} of one metric's samples (a counter's under its _total name)."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}
