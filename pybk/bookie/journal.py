@@ -443,7 +443,7 @@ class Journal:
         self.inline_max_bytes = inline_max_bytes  # groups up to this size are written on the loop
         self.prealloc = min(prealloc, max_file_size) if prealloc > 0 else 0  # chunk files grow by
         self._allocated = 0  # bytes preallocated in the current file
-        self._sync_seconds = 0.0  # moving average of a group commit's duration
+        self._sync_seconds = 0.0  # moving average of a group commit's write + fdatasync (not the hop to a thread)
         self.on_sync = on_sync  # (seconds, bytes, appends) after every group commit
         self.on_error = on_error  # (exc, recoverable) when a group fails; not recoverable: the journal stopped
         self._queue: list[tuple[list[bytes], int, asyncio.Future]] = []
@@ -537,13 +537,12 @@ class Journal:
                 parts: list[bytes] = []
                 for p, _, _ in group:
                     parts.extend(p)
-                t0 = time.perf_counter()
                 self._busy = True
                 try:
                     if size <= self.inline_max_bytes and self._sync_seconds < INLINE_MAX_SYNC_SECONDS:
-                        self._write(parts, size)
+                        took = self._write(parts, size)
                     else:
-                        await loop.run_in_executor(None, self._write, parts, size)
+                        took = await loop.run_in_executor(None, self._write, parts, size)
                 except BaseException as exc:  # noqa: BLE001 - fail the group; stop unless it was space
                     recoverable = is_space_error(exc) and self._cut_back()
                     failed = group if recoverable else group + self._queue
@@ -561,7 +560,6 @@ class Journal:
                     continue
                 finally:
                     self._busy = False
-                took = time.perf_counter() - t0
                 self._sync_seconds += (took - self._sync_seconds) / 8
                 if self.on_sync:
                     self.on_sync(took, size, len(group))
@@ -569,11 +567,15 @@ class Journal:
                     if not f.done():
                         f.set_result(None)
 
-    def _write(self, parts: list[bytes], size: int) -> None:
-        """Runs in a worker thread: writev the parts, one fdatasync, rotate when the file is full.
+    def _write(self, parts: list[bytes], size: int) -> float:
+        """Runs in a worker thread: writev the parts, one fdatasync, rotate when the file is full;
+        returns the seconds that took. Timed here, not around the hop to the thread: a busy loop
+        that is slow to pick the result up must not make the disk look slow and keep small groups
+        off the loop.
         Raises ENOSPC before writing anything when the file system has no room for the group: a
         preallocated file needs room only when the group outgrows its chunks, and fallocate then
         reserves it or fails; without preallocation the free space is checked."""
+        t0 = time.perf_counter()
         if not self.prealloc:
             require_room(self._fd, size, f"journal {self.directory}")
         elif self._offset + size + RECORD_HEADER > self._allocated:
@@ -596,6 +598,7 @@ class Journal:
         self._written = Mark(self._seq, self._offset)
         if self._offset >= self.max_file_size:
             self._roll(self._seq + 1, os.fstat(self._fd).st_size)
+        return time.perf_counter() - t0
 
     def _cut_back(self) -> bool:
         """Remove what a failed group left after the last good record (zero it in a preallocated

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -54,7 +55,7 @@ class _ThreadRecordingJournal(Journal):
 
     def _write(self, parts, size):
         self.threads.append(threading.get_ident())
-        super()._write(parts, size)
+        return super()._write(parts, size)
 
 
 async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thread(tmp_path):
@@ -68,6 +69,23 @@ async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thre
     await j.close()
     assert [t == loop_thread for t in j.threads] == [True, False, False]
     assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == [0, 1, 2]
+
+
+async def test_a_busy_loop_does_not_keep_small_groups_off_it(tmp_path):
+    loop_thread = threading.get_ident()
+    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j.open()
+    big = j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 5000))
+    deadline = time.monotonic() + 10
+    while not j.threads:  # until the big group is in its worker thread
+        assert time.monotonic() < deadline, "the big group was never written"
+        await asyncio.sleep(0)
+    time.sleep(0.2)  # the loop is busy with other work meanwhile and picks the result up late
+    await big
+    await j.append(encode_record(RecordType.ADD, 1, 1, b"x" * 10))
+    await j.close()
+    assert [t == loop_thread for t in j.threads] == [False, True]
+    assert [r.entry for r in replay(tmp_path, Mark(0, 0))] == [0, 1]
 
 
 async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
