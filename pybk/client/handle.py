@@ -68,6 +68,11 @@ class LedgerHandle:
             self._changing: asyncio.Task | None = None
             self._acked_during_change: list[tuple[int, bytes]] = []
             self._lac_timer: asyncio.TimerHandle | None = None
+            # a lone add's copies beyond the ack quorum: sent once it is acked (they then ride in
+            # the next add's messages), after tail_hold_delay, or when a bookie fails
+            self._hold_delay = bk.options.tail_hold_delay if qw > qa else 0.0
+            self._held: tuple[int, bytes, tuple[int, ...]] | None = None
+            self._held_timer: asyncio.TimerHandle | None = None
             self._lac_told = -1
             self._closing = False
             self._watchdog: asyncio.Task | None = None
@@ -139,13 +144,34 @@ class LedgerHandle:
         self._sent_length += len(data)
         body = encode(lid, eid, lac, data, md.digest_type, self.password, self._sent_length)
         self._lac_told = lac
+        lone = self._head == len(self._pending)
         self._pending.append(_Pending(eid, body, len(data), fut, time.monotonic()))
         failed, clients, sinks, mk = self._failed, self._clients, self._sinks, self.master_key
-        for idx in self._ws[eid % md.ensemble_size]:
+        ws = self._ws[eid % md.ensemble_size]
+        if lone and self._hold_delay and not failed:
+            qa = md.ack_quorum
+            self._held = (eid, body, ws[qa:])
+            self._held_timer = self._loop.call_later(self._hold_delay, self._release_held)
+            ws = ws[:qa]
+        elif self._held is not None:  # adds overlap now: the held copies go with this one's
+            self._release_held()
+        for idx in ws:
             c = clients[idx]
             if c is not None and idx not in failed:
                 c.add_to_run(lid, eid, body, mk, False, sinks[idx])
         return fut
+
+    def _release_held(self) -> None:
+        """Send the held copies of the last lone add (see _held) to their bookies."""
+        held, self._held = self._held, None
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        if held is None or self._error is not None:
+            return
+        eid, body, indices = held
+        for idx in indices:
+            self._send(idx, eid, body)
 
     def _new_sinks(self) -> None:
         """One sink per ensemble index, bound to its bookie: a run's answer from a bookie that was
@@ -154,7 +180,7 @@ class LedgerHandle:
 
     def _send(self, idx: int, eid: int, body: bytes) -> None:
         c = self._clients[idx]
-        if c is None:
+        if c is None or idx in self._failed:
             return
         c.add_to_run(self._md.ledger_id, eid, body, self.master_key, False, self._sinks[idx])
 
@@ -225,6 +251,8 @@ class LedgerHandle:
             del pending[:head]
             head = 0
         self._head = head
+        if self._held is not None and self._held[0] <= lac:
+            self._release_held()
         if self._lac_timer is None and head == len(pending):
             self._lac_timer = self._loop.call_later(self._bk.options.explicit_lac_delay, self._flush_lac)
 
@@ -254,6 +282,7 @@ class LedgerHandle:
                 p.future.set_exception(error)
                 p.future.exception()  # mark retrieved: callers of add_entry_async may drop it
         self._pending, self._head = [], 0
+        self._release_held()
 
     def _bookie_failed(self, idx: int, reason: object) -> None:
         if idx in self._failed or self._error is not None or self._closed:
@@ -263,6 +292,7 @@ class LedgerHandle:
                     self.ledger_id, bookie, idx, reason, extra={"ledger_id": self.ledger_id, "bookie": bookie})
         self._failed.add(idx)
         self._failed_ids.add(bookie)
+        self._release_held()  # the held copies may be what completes the ack quorum now
         if self._changing is None:
             self._changing = asyncio.ensure_future(self._change_ensemble())
 

@@ -37,6 +37,49 @@ async def test_entry_is_stored_on_the_write_quorum_from_index_entry_mod_ensemble
         assert await _holdings(bk, md) == want
 
 
+async def test_adds_made_one_at_a_time_still_reach_every_bookie_of_their_write_set(cluster_factory):
+    """A lone add sends its copies beyond the ack quorum once it is acked (they ride in the next
+    add's messages): every bookie of the write set still stores every entry."""
+    from polling import eventually
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        acked = [await lh.add_entry(payload(lh.ledger_id, e)) for e in range(20)]
+        assert acked == list(range(20))
+        md = lh.metadata
+        want = {b: set(range(20)) for b in md.fragments[0].bookies}
+
+        async def stored():
+            return await _holdings(bk, md) == want
+        await eventually(stored, what="every entry on all three bookies")
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await read_all(rh) == expected(lh.ledger_id, 19)
+
+
+async def test_a_lone_add_is_acked_without_an_ensemble_change_while_one_of_its_first_bookies_stalls(
+        cluster_factory):
+    """The copies a lone add holds back go out after tail_hold_delay even without its ack: a
+    stalled bookie among its first Qa costs that delay, not the add timeout and an ensemble change."""
+    import signal
+    from pybk.client import ClientOptions
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri, ClientOptions(add_timeout=120.0)) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        assert await lh.add_entry(payload(lh.ledger_id, 0)) == 0
+        ensemble = lh.metadata.fragments[0].bookies
+        stalled = cluster.by_id(ensemble[write_set(1, 3, 3)[0]])  # one of entry 1's first two
+        stalled.signal(signal.SIGSTOP)
+        try:
+            assert await asyncio.wait_for(lh.add_entry(payload(lh.ledger_id, 1)), 60) == 1
+            assert lh.metadata.fragments[0].bookies == ensemble and len(lh.metadata.fragments) == 1
+        finally:
+            stalled.signal(signal.SIGCONT)
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert await read_all(rh) == expected(lh.ledger_id, 1)
+
+
 async def test_kill_one_bookie_mid_stream_changes_ensemble_and_keeps_every_acked_entry(cluster_factory):
     cluster = cluster_factory(4)
     async with await BookKeeper.connect(cluster.uri) as bk:
