@@ -71,7 +71,7 @@ class LedgerHandle:
             # a lone add's copies beyond the ack quorum: sent once it is acked (they then ride in
             # the next add's messages), after tail_hold_delay, or when a bookie fails
             self._hold_delay = bk.options.tail_hold_delay if qw > qa else 0.0
-            self._held: tuple[int, bytes, tuple[int, ...]] | None = None
+            self._held: tuple[int, bytes, list[int]] | None = None  # (entry id, body, indices)
             self._held_timer: asyncio.TimerHandle | None = None
             self._lac_told = -1
             self._closing = False
