@@ -16,7 +16,7 @@ from pybk.security.settings import ClientSecurity
 from pybk.security.roles import Operation, Role, allowed
 
 from . import placement, quorum
-from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError,
+from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError, NotEnoughBookiesError,
                      UnauthorizedError)
 from .handle import LedgerHandle
 from .recovery import recover
@@ -122,7 +122,14 @@ class BookKeeper:
         for k, v in custom.items():
             if not isinstance(k, str) or not isinstance(v, (bytes, bytearray)):
                 raise InvalidLedgerConfigError(f"custom metadata must map str to bytes, got {k!r}: {type(v).__name__}")
-        bookies = placement.choose_ensemble(await self.writable_bookies(), ensemble)
+        try:
+            bookies = placement.choose_ensemble(await self.writable_bookies(), ensemble)
+        except NotEnoughBookiesError as e:
+            readonly = len(await self.store.registry.readonly())
+            if not readonly:
+                raise
+            raise NotEnoughBookiesError(e.needed, e.found, f"{readonly} more registered read-only: disk past its "
+                                        "high water mark, draining, or journal failed") from None
         md = await self.store.ledgers.create(
             bookies, write_quorum, ack_quorum, digest_type=digest, password_hash=password_hash(password),
             custom=custom, ensemble_size=ensemble, key_check=key_check(master_key(password)))

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from client_helpers import expected, payload, read_all
+from polling import eventually
 
 from pybk.client import (BKError, BookKeeper, DigestType, InvalidLedgerConfigError, LedgerClosedError,
                          NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError, UnauthorizedError)
@@ -41,6 +42,29 @@ async def test_errors_are_typed_and_say_what_happened(cluster_factory):
             await rh.add_entry(b"y")
         with pytest.raises(NoSuchEntryError, match="last entry is 0"):
             [e async for e in rh.read_entries(0, 1)]
+
+
+async def test_too_few_writable_bookies_for_a_new_ledger_names_the_read_only_ones(cluster_factory):
+    cluster = cluster_factory(3)
+    held = cluster.bookies[0]
+    await asyncio.to_thread(held.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})
+    async with await BookKeeper.connect(cluster.uri) as bk:
+        async def two_writable():
+            return len(await bk.writable_bookies()) == 2
+        await eventually(two_writable, what="the held bookie registered read-only")
+        with pytest.raises(NotEnoughBookiesError, match=r"needed 3, found 2 \(1 more registered read-only") as ei:
+            await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        assert (ei.value.needed, ei.value.found) == (3, 2)
+        await asyncio.to_thread(held.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})
+        lh = await eventually(lambda: _create_or_none(bk), what="a ledger once the bookie is writable again")
+        assert len(lh.metadata.fragments[0].bookies) == 3
+
+
+async def _create_or_none(bk: BookKeeper):
+    try:
+        return await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+    except NotEnoughBookiesError:
+        return None
 
 
 async def test_ledgers_list_delete_and_keep_custom_metadata_and_mac_digests(cluster_factory):
