@@ -1,12 +1,12 @@
 """Shared fixtures: real etcd and real pybk processes on free loopback ports, always cleaned up."""
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from pybk.bookie.bookie import disk_fullness
 from pybk.config import BOOKIE
 from pybk.local.etcd import EtcdProcess
 
@@ -17,13 +17,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     where = Path(session.config.option.basetemp or tempfile.gettempdir()).absolute()
     while not where.exists():
         where = where.parent
-    usage = shutil.disk_usage(where)
-    used = usage.used / (usage.used + usage.free)
+    used, total = disk_fullness(where)
     limit = BOOKIE.option("high_water_mark").default
     if used >= limit:
         pytest.exit(f"the disk of {where} is {used:.0%} full, at or past the bookies' high water mark "
                     f"({limit:.0%}): they would start read-only and refuse every write; free some space "
-                    f"({usage.free >> 30} GiB free now)", returncode=3)
+                    f"({int(total * (1 - used)) >> 30} GiB free now)", returncode=3)
 
 
 @pytest.fixture

@@ -90,6 +90,14 @@ def _count(runs: Sequence[AddRun]) -> int:
     return sum(len(r.entry_ids) for r in runs)
 
 
+def disk_fullness(path: Path) -> tuple[float, int]:
+    """(used fraction, total bytes) of the disk holding `path`, as the water marks see it: free
+    space counted as an unprivileged writer sees it, so root's reserved blocks count as used."""
+    u = shutil.disk_usage(path)
+    total = u.used + u.free
+    return (u.used / total if total else 0.0), total
+
+
 class DirsInUseError(Exception):
     """Another process (a running bookie, a rebuild) has this bookie's dirs open."""
 
@@ -826,12 +834,7 @@ class Bookie:
                         except OSError:
                             pass
             return used / self.opts.disk_capacity, self.opts.disk_capacity
-        fullest = (0.0, 0)
-        for d in self._dirs():
-            u = shutil.disk_usage(d)
-            total = u.used + u.free
-            fullest = max(fullest, (u.used / total if total else 0.0, total))
-        return fullest
+        return max(disk_fullness(d) for d in self._dirs())
 
     def disk_space(self) -> tuple[int, int]:
         """(free, total) bytes for the Info call."""

@@ -3,12 +3,14 @@ processes. Every fault test checks that no acknowledged entry is lost or changed
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, pipelined, read_all
+from polling import eventually
 
 from pybk.bookie.client import BookieError
-from pybk.client import BookKeeper, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
+from pybk.client import BookKeeper, ClientOptions, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
 from pybk.entry import DigestMismatch, decode
 from pybk.ledger import write_set
 from pybk.meta import LedgerState
@@ -40,7 +42,6 @@ async def test_entry_is_stored_on_the_write_quorum_from_index_entry_mod_ensemble
 async def test_adds_made_one_at_a_time_still_reach_every_bookie_of_their_write_set(cluster_factory):
     """A lone add sends its copies beyond the ack quorum once it is acked (they ride in the next
     add's messages): every bookie of the write set still stores every entry."""
-    from polling import eventually
     cluster = cluster_factory(3)
     async with await BookKeeper.connect(cluster.uri) as bk:
         lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
@@ -61,8 +62,6 @@ async def test_a_lone_add_is_acked_without_an_ensemble_change_while_one_of_its_f
         cluster_factory):
     """The copies a lone add holds back go out after tail_hold_delay even without its ack: a
     stalled bookie among its first Qa costs that delay, not the add timeout and an ensemble change."""
-    import signal
-    from pybk.client import ClientOptions
     cluster = cluster_factory(3)
     async with await BookKeeper.connect(cluster.uri, ClientOptions(add_timeout=120.0)) as bk:
         lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
@@ -328,8 +327,6 @@ async def test_ensemble_change_losing_its_cas_to_recovery_or_close_fails_pending
 
 
 async def test_reads_move_to_the_next_replica_on_error_or_when_a_replica_stalls(cluster_factory):
-    import signal
-    from pybk.client import ClientOptions
     cluster = cluster_factory(3)
     # a read that waited for a stalled replica's timeout would take a minute per entry
     slow = ClientOptions(read_timeout=60.0, speculative_read_delay=0.05)
@@ -354,8 +351,6 @@ async def test_reads_move_to_the_next_replica_on_error_or_when_a_replica_stalls(
 
 
 async def test_a_stalled_bookie_is_replaced_after_the_add_timeout(cluster_factory):
-    import signal
-    from pybk.client import ClientOptions
     cluster = cluster_factory(4)
     async with await BookKeeper.connect(cluster.uri, ClientOptions(add_timeout=1.0)) as bk:
         lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=b"pw")
