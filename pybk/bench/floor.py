@@ -38,6 +38,7 @@ class Client(enum.StrEnum):
     AIO_GATHER = "aio-gather"
     AIO_ITERATOR = "aio-iterator"
     AIO_UNARY = "aio-unary"
+    H2 = "h2"
     SYNC = "sync"
     SYNC_UNARY = "sync-unary"
 
@@ -67,6 +68,8 @@ _CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the ba
             "aio-iterator": "grpc.aio, each stream fed by an async generator reading an asyncio.Queue "
                             "(pybk's BookieClient sends so)",
             "aio-unary": "grpc.aio, one unary call per message and server, answers counted in done callbacks",
+            "h2": "pybk's own HTTP/2 stream (pybk.proto.http2, as BookieClient's Add stream): frames written "
+                  "and answers read on the event loop, no grpc.aio",
             "sync": "grpc's synchronous API: a request queue and a reader thread per stream",
             "sync-unary": "grpc's synchronous API, one unary call (future) per message and server, answers "
                           "counted in done callbacks on gRPC's channel thread"}
@@ -208,6 +211,8 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
                        options: list) -> tuple[list[float], float]:
     import grpc
 
+    from pybk.proto.http2 import GrpcStream
+
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
     for ch in channels:
         await asyncio.wait_for(ch.channel_ready(), 30)
@@ -219,6 +224,11 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
 
     if mode is Client.AIO_ITERATOR:
         calls = [ch.stream_stream(_METHOD)(requests(box)) for ch, box in zip(channels, outboxes)]
+    elif mode is Client.H2:
+        calls = []
+        streams = [GrpcStream.open(f"127.0.0.1:{p}", _METHOD, on_headers=lambda _: None,
+                                   on_message=lambda answer: answered(int.from_bytes(answer, "big")),
+                                   on_end=lambda code, details: None) for p in ports]
     else:
         calls = [ch.stream_stream(_METHOD)() for ch in channels]
     unaries = [ch.unary_unary(_METHOD_ONE) for ch in channels]
@@ -248,6 +258,9 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         elif mode is Client.AIO_ITERATOR:
             for box in outboxes:
                 box.put_nowait(message)
+        elif mode is Client.H2:
+            for stream in streams:
+                stream.write(message)
         elif mode is Client.AIO_GATHER:
             await asyncio.gather(*(call.write(message) for call in calls))
         else:
@@ -256,6 +269,9 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         await done
         latencies.append(time.perf_counter() - t0)
     client_cpu = time.process_time() - cpu0
+    if mode is Client.H2:
+        for stream in streams:
+            stream.cancel()
     for call, box in zip(calls, outboxes):
         if mode is Client.AIO_ITERATOR:
             box.put_nowait(None)

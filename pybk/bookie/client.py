@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ssl
 from typing import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -15,11 +16,13 @@ import numpy as np
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
+from pybk.proto.http2 import CLOSED_AT_ONCE, GrpcStream
 from pybk.security.settings import ClientSecurity
 
 MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
 DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
 _ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
+ADD_METHOD = "/pybk.Bookie/Add"
 ADD_RUNS_HEADER = "pybk-add-runs"  # initial metadata of a bookie's Add stream: it takes packed runs
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -90,15 +93,20 @@ _DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 def rpc_error(exc: grpc.aio.AioRpcError, address: str, tls: bool = False) -> BookieError:
-    """The BookieError of a failed gRPC call: access denied, or the bookie unavailable (with a
-    hint when a plaintext client's connection is closed at once, as a TLS port does)."""
-    if exc.code() in _DENIED:
-        return BookieAccessDeniedError(exc.code(), exc.details() or "", address)
+    """The BookieError of a failed gRPC call (see status_error)."""
+    return status_error(exc.code(), exc.details() or "", address, tls)
+
+
+def status_error(code: grpc.StatusCode, details: str, address: str, tls: bool = False) -> BookieError:
+    """The BookieError of a call that ended with `code`: access denied, or the bookie unavailable
+    (with a hint when a plaintext client's connection is closed at once, as a TLS port does)."""
+    if code in _DENIED:
+        return BookieAccessDeniedError(code, details, address)
     hint = ""
-    if not tls and exc.code() is grpc.StatusCode.UNAVAILABLE and "Socket closed" in (exc.details() or ""):
+    if not tls and code is grpc.StatusCode.UNAVAILABLE and ("Socket closed" in details or CLOSED_AT_ONCE in details):
         hint = (" (this client speaks plaintext: if the bookie serves TLS, give the client its CA, "
                 "tls_ca / PYBK_TLS_CA)")
-    return BookieUnavailableError(f"{exc.code().name}: {exc.details()}{hint}", address)
+    return BookieUnavailableError(f"{code.name}: {details}{hint}", address)
 
 
 _ERRORS = {s.value: s for s in Status}
@@ -203,9 +211,7 @@ class BookieClient:
         else:
             self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = rpc.BookieStub(self._channel)
-        # Add sends AddBatch messages encoded here (wire.add_run_parts), as bytes
-        self._add_call = self._channel.stream_stream("/pybk.Bookie/Add", request_serializer=_as_is,
-                                                     response_deserializer=pb.AddResults.FromString)
+        self._ssl: ssl.SSLContext | None = None  # the Add stream's (it has its own connection)
         self._runs: list[_Run] = []  # the batch being built
         self._open: dict[tuple, _Run] = {}  # its runs by (ledger, key, flags, sink)
         self._run: _Run | None = None  # the run of its last add
@@ -502,12 +508,16 @@ class BookieClient:
                 "total_bytes": res.total_bytes, "version": res.version, "zone": res.zone,
                 "ledger_count": res.ledger_count, "caller": res.caller, "caller_role": res.caller_role}
 
+    def _ssl_context(self) -> "ssl.SSLContext | None":
+        """The TLS context of Add streams (None for plaintext), made once: the same CA, client
+        certificate and expected server name as the channel's."""
+        if self.security.tls and self._ssl is None:
+            from pybk.security.tls import client_ssl_context
+            self._ssl = client_ssl_context(self.security)
+        return self._ssl
+
     def _rpc_error(self, exc: grpc.aio.AioRpcError) -> BookieError:
         return rpc_error(exc, self.address, self.security.tls)
-
-
-def _as_is(data: bytes) -> bytes:
-    return data
 
 
 def _encode(runs: list[_Run], packed: bool) -> bytes:
@@ -528,90 +538,78 @@ def _encode(runs: list[_Run], packed: bool) -> bytes:
 
 
 class _AddStream:
-    """One Add bidi stream: batches (lists of runs) go out through a queue, encoded once the
-    bookie said whether it takes packed runs; each answer settles its batch's runs."""
+    """One Add bidi stream on its own HTTP/2 connection (proto.http2: no grpc.aio on the hot
+    path): batches (lists of runs) are encoded and written as they come, packed once the bookie
+    said it takes runs; each answer settles its batch's runs, straight from the read callback."""
 
     def __init__(self, client: BookieClient):
         self.client = client
-        self.queue: asyncio.Queue = asyncio.Queue()
         self.inflight: dict[int, list[_Run]] = {}  # first run's request id -> the batch's runs
         self.broken = False
-        self.packed: bool | None = None
-        self.call = client._add_call(self._requests(), metadata=client._metadata)
-        self.announced = asyncio.ensure_future(self.call.initial_metadata())
-        self.task = asyncio.get_running_loop().create_task(self._receive())
+        self.packed = False  # until the bookie's initial metadata says it takes packed runs
+        self.rpc = GrpcStream.open(client.address, ADD_METHOD, metadata=client._metadata or (),
+                                   ssl=client._ssl_context(), server_hostname=client.security.tls_server_name,
+                                   on_message=self._answer, on_headers=self._announced, on_end=self._ended,
+                                   awaiting=lambda: bool(self.inflight))
 
-    def _takes_runs(self) -> bool:
-        """Whether the bookie announced packed runs. Until its initial metadata is here batches go
-        as AddEntry messages: waiting for it would hang on a bookie from before runs, which sends
-        its metadata with its first answer."""
-        if self.packed is None:
-            md = self.announced
-            if not md.done():
-                return False
-            self.packed = not md.cancelled() and md.exception() is None and \
-                any(k == ADD_RUNS_HEADER for k, _ in md.result() or ())
-        return self.packed
-
-    async def _requests(self):
-        while True:
-            runs = await self.queue.get()
-            if runs is None:
-                return
-            try:
-                data = _encode(runs, self._takes_runs())
-            except (TypeError, ValueError, OverflowError) as exc:  # not representable on the wire
-                if self.inflight.pop(runs[0].rid, None) is not None:
-                    error = BookieError(Status.BAD_REQUEST, f"bad add: {exc}", self.client.address)
-                    for run in runs:
-                        run.fail(error)
-                    self.client._batch_done()
-                continue
-            yield data
+    def _announced(self, headers: list) -> None:
+        """The bookie's initial metadata: a bookie from before packed runs does not name them
+        (and sends its metadata only with its first answer; batches go as AddEntry until then)."""
+        self.packed = any(k == ADD_RUNS_HEADER for k, _ in headers)
 
     def send(self, runs: list[_Run]) -> None:
-        self.inflight[runs[0].rid] = runs
-        self.queue.put_nowait(runs)
-
-    async def _receive(self) -> None:
-        client = self.client
-        address = client.address
         try:
-            async for results in self.call:
-                answers = results.runs
-                if answers:
-                    runs = self.inflight.pop(answers[0].request_id, None)
-                    if runs is not None:
-                        for run, res in zip(runs, answers):
-                            failures = res.failures
-                            run.settle(res.status, res.message, [(f.index, f.status, f.message) for f in failures]
-                                       if failures else (), address)
-                elif results.results:
-                    entries = results.results
-                    runs = self.inflight.pop(entries[0].request_id, None)
-                    pos = 0
-                    for run in runs or ():
-                        n = len(run.entry_ids)
-                        run.settle(0, "", [(k, r.status, r.message) for k, r in enumerate(entries[pos:pos + n])
-                                           if r.status], address)
-                        pos += n
-                else:
-                    raise ValueError("an answer naming no add")
-                client._batch_done()
-            self.fail(BookieUnavailableError("add stream ended", address))
-        except grpc.aio.AioRpcError as exc:
-            self.fail(client._rpc_error(exc))
-        except asyncio.CancelledError:
-            self.fail(BookieUnavailableError("add stream cancelled", address))
-            raise
+            data = _encode(runs, self.packed)
+        except (TypeError, ValueError, OverflowError) as exc:  # not representable on the wire
+            error = BookieError(Status.BAD_REQUEST, f"bad add: {exc}", self.client.address)
+            for run in runs:
+                run.fail(error)
+            self.client._batch_done()  # send is the last step of _flush: this may flush the next batch
+            return
+        self.inflight[runs[0].rid] = runs
+        self.rpc.write(data)
+
+    def _answer(self, data: bytes) -> None:
+        address = self.client.address
+        try:
+            results = pb.AddResults.FromString(data)
+            answers = results.runs
+            if answers:
+                runs = self.inflight.pop(answers[0].request_id, None)
+                if runs is not None:
+                    for run, res in zip(runs, answers):
+                        failures = res.failures
+                        run.settle(res.status, res.message, [(f.index, f.status, f.message) for f in failures]
+                                   if failures else (), address)
+            elif results.results:
+                entries = results.results
+                runs = self.inflight.pop(entries[0].request_id, None)
+                pos = 0
+                for run in runs or ():
+                    n = len(run.entry_ids)
+                    run.settle(0, "", [(k, r.status, r.message) for k, r in enumerate(entries[pos:pos + n])
+                                       if r.status], address)
+                    pos += n
+            else:
+                raise ValueError("an answer naming no add")
         except Exception as exc:  # noqa: BLE001 - never leave an add hanging
             self.fail(BookieUnavailableError(f"add stream failed: {exc}", address))
+            return
+        self.client._batch_done()
+
+    def _ended(self, code: grpc.StatusCode, details: str) -> None:
+        client = self.client
+        if code is grpc.StatusCode.OK:
+            self.fail(BookieUnavailableError("add stream ended", client.address))
+        else:
+            self.fail(status_error(code, details, client.address, client.security.tls))
 
     def fail(self, exc: BookieError) -> None:
         """Fail every add sent on this stream and not yet answered."""
         if self.broken and not self.inflight:
             return
         self.broken = True
+        self.rpc.cancel()
         client = self.client
         batches = list(self.inflight.values())
         self.inflight.clear()
@@ -619,9 +617,6 @@ class _AddStream:
             for run in runs:
                 run.fail(exc)
             client._inflight -= 1
-        self.queue.put_nowait(None)
-        self.call.cancel()
-        self.announced.cancel()
         if client._stream is self:
             client._stream = None
         if client._pending and client._inflight == 0 and not client._closed:

@@ -13,6 +13,7 @@ _VARIANTS = [
     ["--client", "aio-gather"],
     ["--client", "aio-iterator"],
     ["--client", "aio-unary"],
+    ["--client", "h2"],
     ["--client", "sync"],
     ["--client", "sync-unary"],
     ["--server", "sync"],

@@ -46,6 +46,17 @@ async def test_plaintext_client_cannot_talk_to_a_tls_bookie(bookies, pki):
     assert "UNAVAILABLE" in str(err.value) and "if the bookie serves TLS" in str(err.value)
 
 
+async def test_a_plaintext_add_to_a_tls_bookie_fails_naming_tls(bookies, pki):
+    """The Add stream has a connection of its own: a TLS port closes it at once, and the add's
+    error says to look at TLS, like the other calls'."""
+    b, = bookies(1, metadata_uri=None, **pki.bookie_options())
+    async with await BookieClient.connect(b.address, security=pki.client("admin", tls=False)) as c:
+        with pytest.raises(BookieUnavailableError) as err:
+            await asyncio.wait_for(c.add(LEDGER, 0, body(0), master_key=KEY), 30)
+    assert err.value.address == b.address
+    assert "UNAVAILABLE" in str(err.value) and "if the bookie serves TLS" in str(err.value)
+
+
 @pytest.mark.parametrize("call", ["read", "read_lac", "list_entries", "info", "list_ledgers"])
 async def test_client_without_credentials_is_refused_reads(bookies, pki, call):
     b, = bookies(1, metadata_uri=None, **pki.bookie_options())
