@@ -289,10 +289,10 @@ class GrpcStream(asyncio.Protocol):
 
     def _control(self, ftype: int, flags: int, stream: int, payload: bytes) -> None:
         if ftype == SETTINGS:
-            if not flags & ACK:
+            if not flags & ACK:  # acknowledged first: the server holds this side to new values only from the ACK on
                 self._spoke = True
-                self._settings(payload)
                 self._send(_frame(SETTINGS, ACK, 0))
+                self._settings(payload)
         elif ftype == PING:
             if flags & ACK:
                 self._ping_sent = None
