@@ -91,6 +91,9 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict:
             victim.kill()
             t_marked = None
             while True:
+                if not recovery.alive():  # it would never finish: say why instead of waiting forever
+                    raise RuntimeError(f"the autorecovery process exited while re-replicating; log "
+                                       f"{recovery.log_path}:\n{recovery.log_tail()}")
                 marked = await store.underreplication.count()
                 if marked and t_marked is None:
                     t_marked = time.monotonic()
