@@ -25,6 +25,7 @@ class Embedded:
         """Start autorecovery (if enabled) once the app serves."""
         if self.recovery is not None and self.task is None:
             self.task = asyncio.ensure_future(self.recovery.run())
+            self.task.add_done_callback(_said_why)
             log.info("autorecovery running inside this process as %s", self.recovery.name)
 
     async def stop(self) -> None:
@@ -32,6 +33,13 @@ class Embedded:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
             self.task = None
+
+
+def _said_why(task: asyncio.Task) -> None:
+    """Autorecovery inside a bookie stopped by itself (RecoveryStopped): the bookie serves on, so say
+    so loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("%s; this process serves on without autorecovery", task.exception())
 
 
 def mount(app: web.Application, store, metadata_uri: str, name: str, http_address: str,

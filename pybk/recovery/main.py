@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         logformat.fatal(log.name, f"pybk autorecovery: refusing to start: {exc}")
         return 3
 
+    from .service import RecoveryStopped
+
     async def main() -> None:
         task = asyncio.ensure_future(serve(cfg, options, security))
         loop = asyncio.get_running_loop()
@@ -96,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     except EventLoopError as exc:
         logformat.fatal(log.name, f"pybk autorecovery: refusing to start: {exc}")
         return 3
+    except RecoveryStopped as exc:  # exit non-zero so that a supervisor starts it again
+        logformat.fatal(log.name, f"pybk autorecovery: {exc}")
+        return 1
     except Exception as exc:
         from pybk.meta import MetadataError
         if isinstance(exc, MetadataError):

@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 ELECTION = "auditor"
 
 
+class RecoveryStopped(RuntimeError):
+    """A part of a running autorecovery (its auditor campaign or its replication worker) ended
+    although nothing stopped the whole."""
+
+
 class AutoRecovery:
     """`await AutoRecovery(store, uri, options).run()` until cancelled."""
 
@@ -46,12 +51,23 @@ class AutoRecovery:
         return json.dumps({"id": self.name, "http": self.http, "pid": os.getpid()})
 
     async def run(self) -> None:
-        tasks = [self._campaign()]
+        """Campaign and replicate until cancelled. Both loop for ever, so one that ends (even by
+        a cancellation that did not come through here) is a fault: the other is stopped too and
+        RecoveryStopped names it, rather than the process idling on as half an autorecovery."""
+        tasks = [asyncio.ensure_future(self._campaign())]
+        tasks[0].set_name("auditor campaign")
         if self.worker is not None:
-            tasks.append(self.worker.run())
+            tasks.append(asyncio.ensure_future(self.worker.run()))
+            tasks[1].set_name("replication worker")
         try:
-            await asyncio.gather(*tasks)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            task = done.pop()
+            why = "it was cancelled" if task.cancelled() else f"{task.exception() or 'it returned'}"
+            raise RecoveryStopped(f"autorecovery {self.name}: its {task.get_name()} stopped: {why}")
         finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.pool.close()
 
     async def _campaign(self) -> None:

@@ -226,3 +226,32 @@ async def test_autorecovery_inside_bookies_rereplicates_a_killed_bookie(bookies,
     finally:
         await bk.close()
         await store.close()
+
+
+async def test_an_autorecovery_whose_worker_stops_by_itself_ends_naming_it(short_lease_uri):
+    """The worker and the auditor campaign loop for ever: when one ends anyway (here the worker,
+    cancelled from inside), run() stops the other too and raises RecoveryStopped naming it, so the
+    process exits non-zero instead of idling on as half an autorecovery."""
+    from pybk.recovery.options import RecoveryOptions
+    from pybk.recovery.service import AutoRecovery, RecoveryStopped
+
+    store = await MetadataStore.connect(short_lease_uri)
+    try:
+        recovery = AutoRecovery(store, short_lease_uri, RecoveryOptions(poll_interval=0.2), name="test")
+        run = asyncio.ensure_future(recovery.run())
+
+        def part(name: str) -> asyncio.Task | None:
+            return next((t for t in asyncio.all_tasks() if t.get_name() == name), None)
+
+        await eventually(lambda: part("replication worker") is not None and recovery.is_auditor, timeout=30,
+                         what="the worker running and the auditor elected")
+        campaign = part("auditor campaign")
+        part("replication worker").cancel()
+        done, _ = await asyncio.wait({run}, timeout=30)
+        assert run in done
+        error = run.exception()
+        assert isinstance(error, RecoveryStopped)
+        assert str(error) == "autorecovery test: its replication worker stopped: it was cancelled"
+        assert campaign.done()
+    finally:
+        await store.close()
