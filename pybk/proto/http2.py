@@ -149,7 +149,7 @@ class GrpcStream(asyncio.Protocol):
             self._timer = self._loop.call_later(self._keepalive, self._check_alive)
 
     def _header_frames(self) -> list[bytes]:
-        block, limit = self._request_headers, self._max_frame
+        block, limit = self._request_headers, DEFAULT_FRAME  # sent before the server's SETTINGS can raise it
         if len(block) <= limit:
             return [_frame(HEADERS, END_HEADERS, STREAM, block)]
         chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
@@ -262,28 +262,24 @@ class GrpcStream(asyncio.Protocol):
         if stream != STREAM:
             return
         m = self._message
-        if not m and len(payload) >= 5 and payload[0] == 0:
-            n = _U32.unpack_from(payload, 1)[0]
-            if len(payload) == n + 5:  # the usual case: one whole message in one frame
-                self._on_message(bytes(payload[5:]))
-                if flags & END_STREAM:
-                    self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
-                return
-        m += payload
-        while len(m) >= 5:
-            if m[0] != 0:
-                self._end(grpc.StatusCode.INTERNAL, "a compressed answer (no compression was offered)")
-                return
-            n = _U32.unpack_from(m, 1)[0]
-            if n > self._max_receive:
-                self._end(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"an answer of {n} bytes, above the {self._max_receive} allowed")
-                return
-            if len(m) < n + 5:
-                break
-            message = bytes(m[5:n + 5])
-            del m[:n + 5]
-            self._on_message(message)
+        if not m and len(payload) >= 5 and payload[0] == 0 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+            self._on_message(bytes(payload[5:]))  # the usual case: one whole message in one frame
+        else:
+            m += payload
+            while len(m) >= 5:
+                if m[0] != 0:
+                    self._end(grpc.StatusCode.INTERNAL, "a compressed answer (no compression was offered)")
+                    return
+                n = _U32.unpack_from(m, 1)[0]
+                if n > self._max_receive:
+                    self._end(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"an answer of {n} bytes, above the {self._max_receive} allowed")
+                    return
+                if len(m) < n + 5:
+                    break
+                message = bytes(m[5:n + 5])
+                del m[:n + 5]
+                self._on_message(message)
         if flags & END_STREAM:
             self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
 
@@ -363,7 +359,7 @@ class GrpcStream(asyncio.Protocol):
                 message = unquote(v)
             elif k == ":status" and v != "200":
                 message = message or f"HTTP status {v}"
-        code = _CODES.get(status, grpc.StatusCode.UNKNOWN) if status is not None else grpc.StatusCode.UNKNOWN
+        code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
         self._end(code, message if status is not None or message else "the answer ended without a gRPC status")
 
     # ---- ending -----------------------------------------------------------------------------

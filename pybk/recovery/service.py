@@ -54,11 +54,9 @@ class AutoRecovery:
         """Campaign and replicate until cancelled. Both loop for ever, so one that ends (even by
         a cancellation that did not come through here) is a fault: the other is stopped too and
         RecoveryStopped names it, rather than the process idling on as half an autorecovery."""
-        tasks = [asyncio.ensure_future(self._campaign())]
-        tasks[0].set_name("auditor campaign")
+        tasks = [asyncio.create_task(self._campaign(), name="auditor campaign")]
         if self.worker is not None:
-            tasks.append(asyncio.ensure_future(self.worker.run()))
-            tasks[1].set_name("replication worker")
+            tasks.append(asyncio.create_task(self.worker.run(), name="replication worker"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             task = done.pop()

@@ -13,6 +13,7 @@ import pytest
 
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieUnavailableError, Status
+from pybk.proto.http2 import split_address
 
 KEY = entry.master_key(b"secret")
 LEDGER = 7
@@ -45,8 +46,7 @@ class FlowChecker:
         return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _relay(self, reader, writer) -> None:
-        host, port = self.target.rsplit(":", 1)
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        up_reader, up_writer = await asyncio.open_connection(*split_address(self.target))
         await asyncio.gather(self._pipe(reader, up_writer, self._from_client, skip=24),
                              self._pipe(up_reader, writer, self._from_bookie, skip=0), return_exceptions=True)
         writer.close()
