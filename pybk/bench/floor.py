@@ -47,6 +47,7 @@ class Server(enum.StrEnum):
     """How a server serves its stream (described in _SERVERS)."""
     AIO = "aio"
     AIO_CONTEXT = "aio-context"
+    H2 = "h2"
     SYNC = "sync"
 
 
@@ -76,6 +77,8 @@ _CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the ba
 _SERVERS = {"aio": "grpc.aio server, an async generator per stream",
             "aio-context": "grpc.aio server reading and writing with context.read and context.write "
                            "(pybk's bookie writes its answers so)",
+            "h2": "pybk's own HTTP/2 server (pybk.proto.h2server): frames read and answers written on the event "
+                  "loop, no grpc.aio",
             "sync": "grpc.server with a thread pool: a thread per stream iterating its requests"}
 _FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
            "dsync": "one os.write to a file opened with O_DSYNC", "none": "os.write only"}
@@ -171,6 +174,31 @@ async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, v
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
+
+
+async def _serve_h2(port: int, write: Callable[[bytes], None]) -> None:
+    from pybk.proto.h2server import Call, GrpcServerConnection
+
+    class Append:
+        def __init__(self, call: Call):
+            self.call = call
+
+        def message(self, data: bytes) -> None:
+            write(data)
+            self.call.send(data[:8])
+
+        def end_of_input(self) -> None:
+            self.call.finish()
+
+        def closed(self) -> None:
+            pass
+
+    def route(call: Call):
+        return Append(call) if call.path == _METHOD else None
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: GrpcServerConnection(route, 64 * 1024 * 1024), "127.0.0.1", port)
+    await server.serve_forever()
 
 
 def _serve_sync(port: int, write: Callable[[bytes], None], options: list) -> None:
@@ -365,6 +393,8 @@ def run(args: argparse.Namespace) -> int:
         write = _writer(args.serve[1], fsync)
         if args.server is Server.SYNC:
             _serve_sync(int(args.serve[0]), write, options)
+        elif args.server is Server.H2:
+            _run_loop(args.loop, _serve_h2(int(args.serve[0]), write))
         else:
             _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server is Server.AIO_CONTEXT))
         return 0

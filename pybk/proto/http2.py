@@ -53,7 +53,8 @@ CLOSED_AT_ONCE = "connection closed before the server spoke HTTP/2"
 OnEnd = Callable[[grpc.StatusCode, str], None]
 
 
-def _frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame: its 9-byte header and payload."""
     n = len(payload)
     return _FRAME.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
 
@@ -139,8 +140,8 @@ class GrpcStream(asyncio.Protocol):
             transport.close()
             return
         settings = _SETTING.pack(_ENABLE_PUSH, 0) + _SETTING.pack(_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
-        transport.writelines([PREFACE, _frame(SETTINGS, 0, 0, settings),
-                              _frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)),
+        transport.writelines([PREFACE, frame(SETTINGS, 0, 0, settings),
+                              frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)),
                               *self._header_frames(), *self._early])
         self._early = []
         self._transport = transport
@@ -151,10 +152,10 @@ class GrpcStream(asyncio.Protocol):
     def _header_frames(self) -> list[bytes]:
         block, limit = self._request_headers, DEFAULT_FRAME  # sent before the server's SETTINGS can raise it
         if len(block) <= limit:
-            return [_frame(HEADERS, END_HEADERS, STREAM, block)]
+            return [frame(HEADERS, END_HEADERS, STREAM, block)]
         chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
-        return ([_frame(HEADERS, 0, STREAM, chunks[0])] + [_frame(CONTINUATION, 0, STREAM, c) for c in chunks[1:-1]]
-                + [_frame(CONTINUATION, END_HEADERS, STREAM, chunks[-1])])
+        return ([frame(HEADERS, 0, STREAM, chunks[0])] + [frame(CONTINUATION, 0, STREAM, c) for c in chunks[1:-1]]
+                + [frame(CONTINUATION, END_HEADERS, STREAM, chunks[-1])])
 
     def write(self, message: bytes) -> None:
         """Send one gRPC message (as it is: already serialized)."""
@@ -212,7 +213,7 @@ class GrpcStream(asyncio.Protocol):
             return
         self._ended = True
         if self._transport is not None:
-            self._transport.write(_frame(RST_STREAM, 0, STREAM, _U32.pack(0x8)))
+            self._transport.write(frame(RST_STREAM, 0, STREAM, _U32.pack(0x8)))
         self._stop()
 
     # ---- receiving --------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class GrpcStream(asyncio.Protocol):
         if self._unacked >= RECEIVE_WINDOW // 4:
             credit = _U32.pack(self._unacked)
             self._unacked = 0
-            self._send(_frame(WINDOW_UPDATE, 0, 0, credit) + _frame(WINDOW_UPDATE, 0, STREAM, credit))
+            self._send(frame(WINDOW_UPDATE, 0, 0, credit) + frame(WINDOW_UPDATE, 0, STREAM, credit))
         if stream != STREAM:
             return
         m = self._message
@@ -287,13 +288,13 @@ class GrpcStream(asyncio.Protocol):
         if ftype == SETTINGS:
             if not flags & ACK:  # acknowledged first: the server holds this side to new values only from the ACK on
                 self._spoke = True
-                self._send(_frame(SETTINGS, ACK, 0))
+                self._send(frame(SETTINGS, ACK, 0))
                 self._settings(payload)
         elif ftype == PING:
             if flags & ACK:
                 self._ping_sent = None
             else:
-                self._send(_frame(PING, ACK, 0, payload))
+                self._send(frame(PING, ACK, 0, payload))
         elif ftype == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise _ProtocolError("a WINDOW_UPDATE that is not 4 bytes")
@@ -377,7 +378,7 @@ class GrpcStream(asyncio.Protocol):
             self._heard = False
         elif self._ping_sent is None:
             self._ping_sent = now
-            self._send(_frame(PING, 0, 0, b"pybk-ka!"))
+            self._send(frame(PING, 0, 0, b"pybk-ka!"))
         delay = self._keepalive if self._ping_sent is None else self._keepalive_timeout
         self._timer = self._loop.call_later(delay, self._check_alive)
 

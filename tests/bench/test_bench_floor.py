@@ -18,6 +18,8 @@ _VARIANTS = [
     ["--client", "sync-unary"],
     ["--server", "sync"],
     ["--server", "aio-context"],
+    ["--server", "h2"],
+    ["--client", "h2", "--server", "h2"],
     ["--client", "sync", "--server", "sync"],
     ["--fsync", "dsync"],
     ["--fsync", "none"],
