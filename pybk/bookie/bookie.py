@@ -521,8 +521,8 @@ class Bookie:
     def last_entry(self, ledger: int) -> int | None:
         """The highest entry id of a ledger stored here (write cache, checkpoint in flight or
         index), None if none."""
-        ids = [max(c.ledgers[ledger]) for c in (self.cache, self.flushing)
-               if c is not None and c.ledgers.get(ledger)]
+        ids = [last for c in (self.cache, self.flushing)
+               if c is not None and (last := c.last_entry(ledger)) is not None]
         indexed = self.index.last_entry(ledger)
         if indexed is not None:
             ids.append(indexed)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 class WriteCache:
     """Entries by ledger then entry id, with a running entry count and byte count (what paces
-    checkpoints)."""
+    checkpoints), and each ledger's highest entry id (an explicit LAC is checked against it;
+    finding it by scanning would cost a pass over the ledger's entries, on the event loop)."""
 
-    __slots__ = ("ledgers", "bytes", "count")
+    __slots__ = ("ledgers", "bytes", "count", "_last")
 
     def __init__(self) -> None:
         self.ledgers: dict[int, dict[int, bytes]] = {}
         self.bytes = 0
         self.count = 0
+        self._last: dict[int, int] = {}
 
     def put(self, ledger: int, entry: int, body: bytes) -> None:
         entries = self.ledgers.get(ledger)
@@ -20,6 +22,8 @@ class WriteCache:
         old = entries.get(entry)
         if old is None:
             self.count += 1
+            if entry > self._last.get(ledger, -1):
+                self._last[ledger] = entry
         else:
             self.bytes -= len(old)
         entries[entry] = body
@@ -34,6 +38,10 @@ class WriteCache:
         byte count until the next checkpoint starts a new cache: finding the replaced bodies would
         cost a lookup per entry on the hot path, and the count only paces checkpoints."""
         nbytes = sum(map(len, bodies.values()))
+        if bodies:
+            top = max(bodies)
+            if top > self._last.get(ledger, -1):
+                self._last[ledger] = top
         old = self.ledgers.get(ledger)
         if old is None:
             self.ledgers[ledger] = bodies
@@ -48,6 +56,7 @@ class WriteCache:
     def drop_ledger(self, ledger: int) -> int:
         """Forget every entry of ledger; returns how many there were."""
         entries = self.ledgers.pop(ledger, None)
+        self._last.pop(ledger, None)
         if not entries:
             return 0
         self.count -= len(entries)
@@ -57,6 +66,10 @@ class WriteCache:
     def get(self, ledger: int, entry: int) -> bytes | None:
         entries = self.ledgers.get(ledger)
         return entries.get(entry) if entries is not None else None
+
+    def last_entry(self, ledger: int) -> int | None:
+        """The highest entry id of `ledger` held here, None if none."""
+        return self._last.get(ledger)
 
     def entry_ids(self, ledger: int) -> list[int]:
         return list(self.ledgers.get(ledger, ()))

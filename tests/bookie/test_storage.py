@@ -143,6 +143,19 @@ def test_write_cache_counts_each_entry_once_even_when_rewritten():
     assert cache.drop_ledger(1) == 0
 
 
+def test_write_cache_knows_each_ledger_s_highest_entry_whatever_the_order_of_adds():
+    cache = WriteCache()
+    assert cache.last_entry(1) is None
+    cache.put_many(1, {5: b"e", 6: b"f"})
+    cache.put_many(1, {2: b"c", 3: b"d"})  # older entries arriving late (a recovery add)
+    cache.put(1, 4, b"x")
+    cache.put(2, 9, b"y")
+    assert (cache.last_entry(1), cache.last_entry(2)) == (6, 9)
+    assert cache.last_entry(1) == max(cache.entry_ids(1))
+    cache.drop_ledger(1)
+    assert cache.last_entry(1) is None and cache.last_entry(2) == 9
+
+
 def test_write_cache_bytes_are_exact_without_rewrites():
     cache = WriteCache()
     cache.put_many(1, {0: b"aaaa", 1: b"bb"})
