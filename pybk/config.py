@@ -194,9 +194,9 @@ SERVER_AUTH = (
            "docs/security.md); setting it turns authentication on; re-read when it changes", metavar="FILE"),
     Option("open_http_paths", "admin HTTP paths anyone may GET without credentials (a flag value may also list several, comma-separated)", list(DEFAULT_OPEN_HTTP_PATHS),
            repeatable=True, metavar="PATH"),
-    Option("tls_client_auth", "require a client certificate signed by tls_ca on the gRPC port (mTLS): callers "
-           "are then known by certificate too. gRPC cannot ask for an optional one, so without it gRPC callers "
-           "authenticate by token (admin HTTP always accepts an optional client certificate)", False, parse_bool),
+    Option("tls_client_auth", "require a client certificate signed by tls_ca on the gRPC port (mTLS); "
+           "without it both ports accept an optional one (verified against tls_ca), and a caller that sends "
+           "one and no token is known by its common name", False, parse_bool),
 )
 
 METADATA_URI = Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix", metavar="URI")

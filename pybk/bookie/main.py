@@ -190,10 +190,10 @@ class BookieServer:
         security = self.security
         service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits,
                                 authenticator=security.authenticator)
-        grpc_server = make_server(service, f"{self.cfg['host']}:{self.cfg['port']}", security.grpc_credentials())
+        grpc_server = make_server(service, _listen(cfg["host"], cfg["port"], "gRPC"), security.grpc_ssl())
         http_ssl = security.http_ssl()
         try:
-            http_sock = _listen(self.cfg["host"], self.cfg["http_port"])
+            http_sock = _listen(cfg["host"], cfg["http_port"], "HTTP")
         except OSError:
             await grpc_server.stop(None)
             raise
@@ -303,13 +303,15 @@ class BookieServer:
                     self.bookie_id, "; ".join(lost))
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket for the admin HTTP server (bound now, served later)."""
+def _listen(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket for the gRPC or admin HTTP server (bound now, served later, so
+    that a taken port fails the start before anything is touched)."""
     try:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.create_server(address, family=family, backlog=128)
+        dual = host == "::" and socket.has_dualstack_ipv6()  # "::" takes IPv4 clients too
+        sock = socket.create_server(address, family=family, backlog=1024, dualstack_ipv6=dual)
     except OSError as exc:
-        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror or exc}") from None
+        raise OSError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
     sock.setblocking(False)
     return sock
 

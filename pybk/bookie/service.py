@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from time import monotonic
@@ -17,9 +19,9 @@ from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
+from pybk.proto.grpc_server import Kind, Method, Server
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
-from pybk.security.tls import ReloadingServerCredentials
 
 from .bookie import AddRun, Bookie, BookieStorageError, runs_of
 from .client import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
@@ -34,14 +36,6 @@ PACKED_BATCH_BYTES = 3 * 1024 * 1024  # bodies per PACKED answer (at most a thir
 READ_BATCH_ENTRIES = 4096
 MAX_LONG_POLL_MS = 60_000
 MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
-# Clients ping every 10 s, also between calls, to notice a dead bookie quickly; the server must
-# permit that, or gRPC's default (one ping per 5 min without data) answers GOAWAY too_many_pings.
-GRPC_OPTIONS = [("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                # gRPC sets SO_REUSEPORT by default: a second bookie configured with the same port
-                # would then start fine and silently get part of the first one's connections.
-                ("grpc.so_reuseport", 0)]
 
 
 @dataclass(frozen=True)
@@ -67,9 +61,8 @@ class ReadBuffer:
     client stops reading holds one answer. Room for it is reserved here first: when the answers
     held would pass the byte limit a new one waits, and if the oldest held one has waited longer
     than STUCK_SECONDS its stream is cancelled at once, so stuck readers cannot keep live ones
-    waiting; a stream whose client takes nothing for `timeout` seconds is cancelled anyway.
-    Failure mode: gRPC cannot reset a stream from the server, so a cancelled stream's last
-    answer stays queued in gRPC until its client reads or disconnects."""
+    waiting; a stream whose client takes nothing for `timeout` seconds is cancelled anyway. A
+    cancelled stream is reset (trailers CANCELLED, RST_STREAM), and its queued answer dropped."""
 
     STUCK_SECONDS = 1.0
 
@@ -686,35 +679,21 @@ def _checked(name: str, behavior, client_streaming: bool, errors: Counter):
     return unary
 
 
-def _method_handlers(service: BookieService) -> grpc.GenericRpcHandler:
+def _methods(service: BookieService) -> list[Method]:
     """The `pybk.Bookie` methods of bookie.proto bound to the service, with lenient decoding."""
-    handlers = {}
+    methods = []
     for m in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
         request_type, response_type = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
-        make = {(True, True): grpc.stream_stream_rpc_method_handler,
-                (False, True): grpc.unary_stream_rpc_method_handler,
-                (False, False): grpc.unary_unary_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = make(_checked(m.name, getattr(service, m.name), m.client_streaming,
-                                         service.bookie.metrics.grpc_errors),
-                                request_deserializer=_lenient(m.name, request_type, m.client_streaming),
-                                response_serializer=wire.serializer(response_type))
-    return grpc.method_handlers_generic_handler("pybk.Bookie", handlers)
+        kind = Kind.BIDI if m.client_streaming else Kind.SERVER_STREAM if m.server_streaming else Kind.UNARY
+        methods.append(Method(f"/pybk.Bookie/{m.name}", kind, _lenient(m.name, request_type, m.client_streaming),
+                              wire.serializer(response_type),
+                              _checked(m.name, getattr(service, m.name), m.client_streaming,
+                                       service.bookie.metrics.grpc_errors)))
+    return methods
 
 
-def make_server(service: BookieService, address: str,
-                tls: ReloadingServerCredentials | None = None) -> grpc.aio.Server:
-    """A grpc.aio server with the service bound to address (host:port), over TLS with `tls`
-    (certificates follow their files). A message bigger than the service's max_message_size ends
-    its call with RESOURCE_EXHAUSTED."""
-    size = service.limits.max_message_size
-    server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", size),
-                                      ("grpc.max_send_message_length", size)])
-    server.add_generic_rpc_handlers((_method_handlers(service),))
-    try:
-        bound = server.add_secure_port(address, tls.credentials) if tls else server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc raises "Failed to bind to address" when the port is taken
-        raise OSError(f"cannot listen for gRPC on {address}: the port is in use or the address is not "
-                      f"this host's ({exc})") from None
-    if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {address}")
-    return server
+def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext | None = None) -> Server:
+    """The bookie's gRPC server on a listening socket, over TLS with `tls` (an SSLContext
+    offering ALPN h2, certificates following their files). A message bigger than the service's
+    max_message_size ends its call RESOURCE_EXHAUSTED."""
+    return Server(_methods(service), sock, service.limits.max_message_size, tls)

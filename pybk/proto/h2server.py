@@ -43,8 +43,10 @@ _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS, _MAX_HEADER_LIST
 
 RECEIVE_WINDOW = 4 * 1024 * 1024    # what a client may send ahead, per stream and per connection
 LINGER = 1.0                         # seconds a failed connection is drained before it closes
+WRITE_LIMIT = 1024 * 1024            # bytes the transport holds before handlers' writes wait
 MAX_WRITE_BUFFER = 16 * 1024 * 1024  # frames the client has not read; above it the connection is dropped
-MAX_STREAMS = 100
+MAX_STREAMS = 1024   # calls open at once on a connection: gRPC clients share one connection among their
+                     # channels, and count a call whose answers the application stopped reading as open
 MAX_HEADER_LIST = 16 * 1024
 _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _FRAME_SIZE_ERROR, _REFUSED, _COMPRESSION, _ENHANCE_YOUR_CALM = \
     0x1, 0x3, 0x6, 0x7, 0x9, 0xB
@@ -80,6 +82,7 @@ class Call:
         self.sent_headers = False
         self.finished = False             # trailers queued: nothing more goes out
         self.trailers: bytes | None = None
+        self._writable: asyncio.Future | None = None
 
     @property
     def peer(self) -> str:
@@ -109,6 +112,27 @@ class Call:
             return
         self.send_headers()
         self._conn.send_message(self, message)
+
+    async def writable(self) -> None:
+        """Return once every answer sent is handed to the connection and the connection is not
+        holding more than its write limit: what a handler awaits after `send` so that a client that
+        reads slowly slows it down. Cancelled if the call closes first."""
+        if not self.out_bytes and not self._conn.paused:
+            return
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+        await self._writable
+
+    def wake(self) -> None:
+        """Release a `writable` waiter if the call can take more."""
+        w = self._writable
+        if w is not None and not w.done() and not self.out_bytes and not self._conn.paused:
+            w.set_result(None)
+
+    def abandon(self, code: grpc.StatusCode, details: str) -> None:
+        """End the call at once from this side (a stream the server gives up on): queued answers
+        dropped, trailers, RST_STREAM so the client stops sending."""
+        self._conn.reset(self, code, details)
 
     def finish(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
         """End the call with a status: trailers after every queued answer."""
@@ -152,6 +176,8 @@ class GrpcServerConnection(asyncio.Protocol):
         self._allowed = RECEIVE_WINDOW      # what the client may still send on the connection
         self._closing = False
         self._linger: asyncio.TimerHandle | None = None
+        self.paused = False                 # the transport holds more than its write limit
+        self._going_away = False            # GOAWAY sent: no new calls
 
     # ---- connection ---------------------------------------------------------------------------
 
@@ -160,11 +186,20 @@ class GrpcServerConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.ssl_object = transport.get_extra_info("ssl_object")
+        transport.set_write_buffer_limits(high=WRITE_LIMIT)
         settings = (_SETTING.pack(_MAX_CONCURRENT_STREAMS, MAX_STREAMS)
                     + _SETTING.pack(_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
                     + _SETTING.pack(_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST))
         transport.writelines([frame(SETTINGS, 0, 0, settings),
                               frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW))])
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        for call in list(self._calls.values()):
+            call.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -175,6 +210,14 @@ class GrpcServerConnection(asyncio.Protocol):
             self._drop(call)
         if self._on_close is not None:
             self._on_close(self)
+
+    def goaway(self) -> None:
+        """Tell the client that no new call will be taken here (GOAWAY, no error); the calls
+        running go on. A call opened after it is refused (RST_STREAM REFUSED_STREAM), which a
+        gRPC client retries on another connection."""
+        if self._transport is not None and not self._closing and not self._going_away:
+            self._going_away = True
+            self._transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, 0) + b"server stopping"))
 
     def close(self, why: str = "server shutting down") -> None:
         """GOAWAY (no error) and close once what is queued is written."""
@@ -287,7 +330,7 @@ class GrpcServerConnection(asyncio.Protocol):
             m += payload
             while len(m) >= 5:
                 if m[0] != 0:
-                    self._reset(call, grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
+                    self.reset(call, grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
                     return
                 n = _U32.unpack_from(m, 1)[0]
                 if n > self._max_message:
@@ -302,7 +345,7 @@ class GrpcServerConnection(asyncio.Protocol):
                     return
         if flags & END_STREAM and call.stream in self._calls:
             if m:
-                self._reset(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
+                self.reset(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
                 return
             call.input_ended = True
             handler.end_of_input()
@@ -316,10 +359,10 @@ class GrpcServerConnection(asyncio.Protocol):
         call.unacked = 0
 
     def _too_big(self, call: Call, n: int) -> None:
-        self._reset(call, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"a message of {n} bytes, above the {self._max_message} allowed")
+        self.reset(call, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   f"received message larger than max ({n} vs. {self._max_message} bytes)")
 
-    def _reset(self, call: Call, code: grpc.StatusCode, details: str) -> None:
+    def reset(self, call: Call, code: grpc.StatusCode, details: str) -> None:
         """End a call from this side for a fault of its request: its queued answers dropped,
         trailers naming the fault, RST_STREAM so that the client stops sending; its handler
         learns it through closed()."""
@@ -421,7 +464,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._open(stream, headers, self._block_ends)
 
     def _open(self, stream: int, headers: list, ends: bool) -> None:
-        if len(self._calls) >= MAX_STREAMS:
+        if len(self._calls) >= MAX_STREAMS or self._going_away:
             self._transport.write(frame(RST_STREAM, 0, stream, _U32.pack(_REFUSED)))
             return
         pairs = [(k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
@@ -430,14 +473,14 @@ class GrpcServerConnection(asyncio.Protocol):
         call = Call(self, stream, path, pairs)
         self._calls[stream] = call
         if next((v for k, v in pairs if k == "grpc-encoding"), "identity") not in ("identity", ""):
-            self._reset(call, grpc.StatusCode.UNIMPLEMENTED, "compressed requests are not accepted")
+            self.reset(call, grpc.StatusCode.UNIMPLEMENTED, "compressed requests are not accepted")
             return
         handler = self._route(call)
         if call.finished:
             self._forget(call)
             return
         if handler is None:
-            self._reset(call, grpc.StatusCode.UNIMPLEMENTED, f"method {path} is not served here")
+            self.reset(call, grpc.StatusCode.UNIMPLEMENTED, f"method {path} is not served here")
             return
         call.handler = handler
         if ends:
@@ -507,6 +550,7 @@ class GrpcServerConnection(asyncio.Protocol):
             transport.writelines(parts)
         if call.unacked >= RECEIVE_WINDOW // 4:
             self._credit(call)
+        call.wake()
         if call.trailers is not None:
             transport.write(call.trailers)
             call.trailers = None
@@ -528,6 +572,8 @@ class GrpcServerConnection(asyncio.Protocol):
     def _drop(call: Call) -> None:
         call.out.clear()
         call.out_bytes = 0
+        if call._writable is not None:
+            call._writable.cancel()
         if call.handler is not None:
             handler, call.handler = call.handler, None
             handler.closed()

@@ -7,12 +7,13 @@ AuthFileError, or a missing option) naming the file and the cause, before any po
 """
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .auth import Authenticator
 from .settings import ClientSecurity
-from .tls import ReloadingServerCredentials, ReloadingSSLContext, ServerTls
+from .tls import ReloadingSSLContext, ServerTls
 
 __all__ = ["SecurityConfigError", "ServerSecurity", "start_warnings"]
 
@@ -68,9 +69,12 @@ class ServerSecurity:
         """`https` when the ports serve TLS, else `http` (for advertised admin URLs)."""
         return "https" if self.tls else "http"
 
-    def grpc_credentials(self) -> ReloadingServerCredentials | None:
-        """Reloading gRPC server credentials, or None for a plaintext port."""
-        return ReloadingServerCredentials(self.tls) if self.tls else None
+    def grpc_ssl(self) -> ssl.SSLContext | None:
+        """A reloading SSLContext for the gRPC port (ALPN h2; client certificates required with
+        tls_client_auth), or None for a plaintext port."""
+        if not self.tls:
+            return None
+        return ReloadingSSLContext(self.tls, alpn=["h2"], client_cert=self.tls.require_client_cert).context
 
     def http_ssl(self) -> ReloadingSSLContext | None:
         """A reloading SSLContext for the admin HTTP server, or None for plain http."""

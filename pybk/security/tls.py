@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives import serialization
 from .files import file_stamps
 from .settings import ClientSecurity
 
-__all__ = ["CertificateError", "Identity", "ServerTls", "ReloadingServerCredentials", "ReloadingSSLContext",
-           "check_identity", "client_channel_credentials", "client_ssl_context", "grpc_server_credentials",
+__all__ = ["CertificateError", "Identity", "ServerTls", "ReloadingSSLContext",
+           "check_identity", "client_channel_credentials", "client_ssl_context",
            "server_ssl_context", "RELOAD_CHECK_SECONDS"]
 
 log = logging.getLogger("pybk.security.tls")
@@ -43,7 +43,7 @@ class CertificateError(ValueError):
 class ServerTls:
     """A server's TLS files (the tls_cert, tls_key and tls_ca options). With `ca`, client
     certificates are verified against it; `require_client_cert` makes the gRPC port refuse
-    clients without one (gRPC cannot ask for an optional client certificate)."""
+    clients without one (else a client certificate is optional on both ports)."""
 
     cert: str
     key: str
@@ -194,50 +194,19 @@ class _Watched:
             return identity
 
 
-def _grpc_config(identity: Identity):
-    return grpc.ssl_server_certificate_configuration([(identity.key_pem, identity.cert_pem)],
-                                                     root_certificates=identity.ca_pem)
-
-
-class ReloadingServerCredentials:
-    """gRPC server credentials whose certificate, key and CA follow the files: gRPC asks the
-    fetcher before each handshake, which answers a new configuration only when the files changed."""
-
-    def __init__(self, tls: ServerTls):
-        self.watched = _Watched(tls)
-        if tls.require_client_cert and not tls.ca:
-            raise CertificateError(f"{tls.cert}: client certificates are required but no tls_ca is set "
-                                   f"to verify them with")
-        self.credentials = grpc.dynamic_ssl_server_credentials(
-            _grpc_config(self.watched.identity), self._fetch,
-            require_client_authentication=tls.require_client_cert)
-
-    def _fetch(self):
-        try:
-            identity = self.watched.poll()
-        except Exception:  # noqa: BLE001 - never fail a handshake over the reload check
-            log.exception("TLS reload check failed")
-            return None
-        return None if identity is None else _grpc_config(identity)
-
-    @property
-    def identity(self) -> Identity:
-        return self.watched.identity
-
-
-def grpc_server_credentials(tls: ServerTls) -> ReloadingServerCredentials:
-    """Checked, reloading gRPC server credentials (CertificateError at start if the files are bad)."""
-    return ReloadingServerCredentials(tls)
-
-
 class ReloadingSSLContext:
-    """An `ssl.SSLContext` for an aiohttp server whose certificate follows the files: before each
+    """An `ssl.SSLContext` for a server whose certificate follows the files: before each
     handshake (the SNI callback, called for every ClientHello) the files' times are looked at and
     a changed, good set is loaded into the same context (for the connections to come) and into a
     fresh one handed to the connection in progress, which was created with the old certificate.
-    Client certificates are optional and, when sent, verified against tls_ca."""
+    Client certificates are verified against tls_ca when sent, and required when `client_cert`
+    says so (tls_client_auth on the gRPC port). `alpn` is offered in the handshake (h2 for gRPC)."""
 
-    def __init__(self, tls: ServerTls):
+    def __init__(self, tls: ServerTls, alpn: list[str] | None = None, client_cert: bool = False):
+        if client_cert and not tls.ca:
+            raise CertificateError(f"{tls.cert}: client certificates are required but no tls_ca is set "
+                                   f"to verify them with")
+        self.alpn, self.client_cert = alpn, client_cert
         self.watched = _Watched(tls)
         self.context = self._new_context()
         self.watched._on_change = self._reload
@@ -250,7 +219,9 @@ class ReloadingSSLContext:
         ca_pem = self.watched.identity.ca_pem
         if ca_pem:
             ctx.load_verify_locations(cadata=ca_pem.decode())
-            ctx.verify_mode = ssl.CERT_OPTIONAL
+            ctx.verify_mode = ssl.CERT_REQUIRED if self.client_cert else ssl.CERT_OPTIONAL
+        if self.alpn:
+            ctx.set_alpn_protocols(self.alpn)
         ctx.sni_callback = self._sni
         return ctx
 

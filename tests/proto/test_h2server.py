@@ -106,7 +106,7 @@ async def test_a_message_above_the_limit_ends_its_call_resource_exhausted_and_ot
             async for _ in call:
                 pass
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert f"{MAX_MESSAGE + 1} bytes" in err.value.details()
+        assert f"larger than max ({MAX_MESSAGE + 1} vs. {MAX_MESSAGE} bytes)" in err.value.details()
         again = _stream(channel)()
         await again.write(b"still served")
         await again.done_writing()
@@ -190,6 +190,29 @@ async def test_a_client_not_speaking_http2_is_told_so_and_others_are_served(serv
         await call.write(b"fine")
         await call.done_writing()
         assert [a async for a in call] == [b"fine"]
+
+
+async def test_every_ping_is_answered_however_often_and_the_connection_serves_on(server):
+    """Clients ping every 10 s, also while idle; a server that counted pings against them (gRPC's
+    default answers GOAWAY too_many_pings) would cut idle clients off."""
+    address, _, log = server
+    raw = await RawClient.connect(address)
+    raw.start()
+    for i in range(200):
+        raw.writer.write(http2.frame(http2.PING, 0, 0, i.to_bytes(8, "big")))
+    acks = []
+    while len(acks) < 200:
+        ftype, flags, _, payload = await raw.frame()
+        if ftype == http2.PING and flags & http2.ACK:
+            acks.append(int.from_bytes(payload, "big"))
+    assert acks == list(range(200))
+    raw.message(b"after the pings")
+    while True:
+        ftype, _, stream, payload = await raw.frame()
+        if ftype == http2.DATA and stream == 1:
+            assert payload[5:] == b"after the pings"
+            break
+    raw.close()
 
 
 async def test_a_frame_above_the_frame_size_ends_the_connection_with_frame_size_error(server):

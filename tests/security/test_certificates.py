@@ -163,3 +163,25 @@ async def test_auth_file_is_reread_when_it_changes(bookies, pki):
             return True
         await eventually(adds, timeout=30, what="the promoted token to add")
     assert "auth file" in b.log_tail(30) and "reloaded" in b.log_tail(30)
+
+
+async def test_without_client_auth_a_client_certificate_is_optional_on_the_grpc_port(bookies, pki, tmp_path):
+    """Without tls_client_auth the gRPC port asks for a certificate but does not require one, as
+    admin HTTP does: a verified one names the caller, a token still works without one, and a
+    certificate of another CA is refused in the handshake."""
+    b, = bookies(1, metadata_uri=None, **pki.bookie_options())
+    spark = pki.ca.write_identity(tmp_path / "spark", "pybk-spark")
+    outsider = CertificateAuthority.create("another CA").write_identity(tmp_path / "outsider", "pybk-spark")
+
+    def with_cert(files) -> ClientSecurity:
+        return ClientSecurity(tls_ca=str(pki.server.ca), tls_cert=str(files.cert), tls_key=str(files.key))
+
+    async with await BookieClient.connect(b.address, security=with_cert(spark)) as c:
+        info = await c.info()
+        assert (info["caller"], info["caller_role"]) == ("CN=pybk-spark", "reader")
+    async with await BookieClient.connect(b.address, security=pki.client("writer")) as c:  # token, no certificate
+        assert (await c.info())["caller_role"] == "writer"
+    async with await BookieClient.connect(b.address, security=with_cert(outsider)) as c:
+        with pytest.raises(BookieUnavailableError) as err:
+            await c.info()
+    assert "UNAVAILABLE" in str(err.value)

@@ -1,0 +1,128 @@
+"""pybk's gRPC server (pybk.proto.grpc_server) runs handlers written as for grpc.aio, and gRPC's
+own clients see the codes, details, metadata and back-pressure they would from grpc.aio's server."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+import pytest
+from polling import eventually
+
+from pybk.proto.grpc_server import Kind, Method, Server
+
+ANSWER = 1024 * 1024
+
+
+def _same(b: bytes) -> bytes:
+    return b
+
+
+@pytest.fixture
+async def served():
+    """A server with a few methods on a loopback port: (address, the handlers' record)."""
+    seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None}
+
+    async def echo(request: bytes, context):
+        seen["metadata"], seen["peer"] = dict(context.invocation_metadata()), context.peer()
+        return request
+
+    async def refuse(request: bytes, context):
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not for you: " + request.decode())
+
+    async def broken(request: bytes, context):
+        raise ValueError("a bug")
+
+    async def flood(request: bytes, context):
+        try:
+            while True:
+                await context.write(b"f" * ANSWER)
+                seen["written"] += 1
+        except asyncio.CancelledError:
+            seen["cancelled"] += 1
+            raise
+
+    async def count(requests, context):
+        n = 0
+        async for r in requests:
+            n += len(r)
+            await context.write(str(n).encode())
+
+    methods = [Method("/t.T/Echo", Kind.UNARY, _same, _same, echo),
+               Method("/t.T/Refuse", Kind.UNARY, _same, _same, refuse),
+               Method("/t.T/Broken", Kind.UNARY, _same, _same, broken),
+               Method("/t.T/Flood", Kind.SERVER_STREAM, _same, _same, flood),
+               Method("/t.T/Count", Kind.BIDI, _same, _same, count)]
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = Server(methods, sock, 4 * 1024 * 1024)
+    await server.start()
+    yield f"127.0.0.1:{sock.getsockname()[1]}", seen, server
+    await server.stop(None)
+
+
+async def test_a_unary_call_gets_its_answer_and_the_handler_its_metadata_and_peer(served):
+    address, seen, _ = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        answer = await ch.unary_unary("/t.T/Echo")(b"hello", metadata=(("authorization", "Bearer t0k"),))
+    assert answer == b"hello"
+    assert seen["metadata"]["authorization"] == "Bearer t0k"
+    assert seen["peer"].startswith("ipv4:127.0.0.1:")
+
+
+async def test_an_abort_reaches_the_client_with_its_code_and_details(served):
+    address, _, _ = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ch.unary_unary("/t.T/Refuse")(b"alice")
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert err.value.details() == "not for you: alice"
+
+
+async def test_a_handler_that_raises_ends_its_call_unknown_naming_the_error_and_the_server_serves_on(served):
+    address, _, _ = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ch.unary_unary("/t.T/Broken")(b"x")
+        assert err.value.code() == grpc.StatusCode.UNKNOWN
+        assert "ValueError: a bug" in err.value.details()
+        assert await ch.unary_unary("/t.T/Echo")(b"still here") == b"still here"
+
+
+async def test_a_bidi_call_answers_each_request_in_order(served):
+    address, _, _ = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = ch.stream_stream("/t.T/Count")()
+        for n in (3, 5, 0, 100_000):
+            await call.write(b"x" * n)
+        await call.done_writing()
+        assert [a async for a in call] == [b"3", b"8", b"8", b"100008"]
+        assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_client_that_reads_nothing_holds_its_handler_s_writes_and_cancelling_ends_the_handler(served):
+    address, seen, _ = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = ch.unary_stream("/t.T/Flood")(b"go")
+        await call.wait_for_connection()
+        await eventually(lambda: seen["written"] > 0, timeout=10, interval=0.01, what="the first write")
+        await asyncio.sleep(1)  # let the handler run as far as it can
+        held = seen["written"]
+        # the client's windows, the kernel's socket buffers and the connection's write limit: a few MiB
+        assert held * ANSWER <= 64 * 1024 * 1024
+        await asyncio.sleep(0.5)
+        assert seen["written"] == held  # no progress while the client reads nothing
+        call.cancel()
+        await eventually(lambda: seen["cancelled"] == 1, timeout=10, interval=0.01, what="the handler cancelled")
+
+
+async def test_stop_ends_running_calls_after_the_grace_and_refuses_new_connections(served):
+    address, seen, server = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = ch.unary_stream("/t.T/Flood")(b"go")
+        await call.wait_for_connection()
+        await eventually(lambda: seen["written"] > 0, timeout=10, interval=0.01, what="the first write")
+        await asyncio.wait_for(server.stop(0.2), 10)
+        assert seen["cancelled"] == 1
+    with pytest.raises(OSError):
+        host, port = address.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=2).close()
