@@ -33,10 +33,10 @@ import grpc
 import hpack
 
 from .http2 import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
-                    HEADERS, PADDED, PING, PREFACE, PRIORITY, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame)
+                    HEADERS, PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, MessageError, data_frame, frame,
+                    header_frames, message_frame, messages, queue_message, unpadded)
 
 _FRAME = struct.Struct(">BHBBI")
-_DATA_MESSAGE = struct.Struct(">BHBBIBI")
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS, _MAX_HEADER_LIST_SIZE = 4, 5, 3, 6
@@ -253,17 +253,14 @@ class GrpcServerConnection(asyncio.Protocol):
             view = data
         pos, end = 0, len(view)
         if not self._preface:
-            if end < len(PREFACE):
-                if PREFACE.startswith(bytes(view)):
-                    if view is not rx:
-                        rx += view
-                    return
+            head = bytes(view[:len(PREFACE)])
+            if not PREFACE.startswith(head):
                 self._fail(_PROTOCOL_ERROR, "not an HTTP/2 connection preface (is the client speaking HTTP/1 "
                                             "or TLS to a plaintext port?)")
                 return
-            if bytes(view[:len(PREFACE)]) != PREFACE:
-                self._fail(_PROTOCOL_ERROR, "not an HTTP/2 connection preface (is the client speaking HTTP/1 "
-                                            "or TLS to a plaintext port?)")
+            if len(head) < len(PREFACE):
+                if view is not rx:
+                    rx += view
                 return
             self._preface = True
             pos = len(PREFACE)
@@ -312,43 +309,28 @@ class GrpcServerConnection(asyncio.Protocol):
         if size > call.allowed:
             raise _ConnectionError(_FLOW_CONTROL_ERROR, f"DATA beyond stream {stream}'s flow-control window")
         call.allowed -= size
-        if flags & PADDED:
-            if not size or payload[0] >= size:
-                raise _ConnectionError(_PROTOCOL_ERROR, "bad DATA padding")
-            payload = payload[1:size - payload[0]]
+        try:
+            payload = unpadded(payload, flags, DATA)
+        except ValueError as exc:
+            raise _ConnectionError(_PROTOCOL_ERROR, str(exc)) from None
         call.unacked += size
         if call.unacked >= RECEIVE_WINDOW // 4 and call.out_bytes < RECEIVE_WINDOW:
             self._credit(call)
-        m = call.message
-        handler = call.handler
-        if not m and len(payload) >= 5 and payload[0] == 0 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
-            if len(payload) - 5 > self._max_message:
-                self._too_big(call, len(payload) - 5)
+        try:
+            taken = messages(call.message, payload, self._max_message)
+        except MessageError as exc:
+            self.reset(call, exc.code, exc.details)
+            return
+        for message in taken:
+            call.handler.message(message)
+            if call.stream not in self._calls:  # the handler ended the call
                 return
-            handler.message(bytes(payload[5:]))  # the usual case: one whole message in one frame
-        else:
-            m += payload
-            while len(m) >= 5:
-                if m[0] != 0:
-                    self.reset(call, grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
-                    return
-                n = _U32.unpack_from(m, 1)[0]
-                if n > self._max_message:
-                    self._too_big(call, n)
-                    return
-                if len(m) < n + 5:
-                    break
-                message = bytes(m[5:n + 5])
-                del m[:n + 5]
-                handler.message(message)
-                if call.stream not in self._calls:
-                    return
-        if flags & END_STREAM and call.stream in self._calls:
-            if m:
+        if flags & END_STREAM:
+            if call.message:
                 self.reset(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
                 return
             call.input_ended = True
-            handler.end_of_input()
+            call.handler.end_of_input()
 
     def _credit(self, call: Call) -> None:
         """Give the client back the stream window its taken requests used. Held back while the
@@ -357,10 +339,6 @@ class GrpcServerConnection(asyncio.Protocol):
         self._transport.write(frame(WINDOW_UPDATE, 0, call.stream, _U32.pack(call.unacked)))
         call.allowed += call.unacked
         call.unacked = 0
-
-    def _too_big(self, call: Call, n: int) -> None:
-        self.reset(call, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                   f"received message larger than max ({n} vs. {self._max_message} bytes)")
 
     def reset(self, call: Call, code: grpc.StatusCode, details: str) -> None:
         """End a call from this side for a fault of its request: its queued answers dropped,
@@ -431,12 +409,10 @@ class GrpcServerConnection(asyncio.Protocol):
         if ftype == HEADERS:
             if stream == 0 or stream % 2 == 0:
                 raise _ConnectionError(_PROTOCOL_ERROR, f"HEADERS on stream {stream}")
-            if flags & PADDED:
-                if not payload or payload[0] >= len(payload):
-                    raise _ConnectionError(_PROTOCOL_ERROR, "bad HEADERS padding")
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY:
-                payload = payload[5:]
+            try:
+                payload = unpadded(payload, flags, HEADERS)
+            except ValueError as exc:
+                raise _ConnectionError(_PROTOCOL_ERROR, str(exc)) from None
             self._block = bytearray(payload)
             self._block_stream, self._block_ends = stream, bool(flags & END_STREAM)
         else:
@@ -491,35 +467,23 @@ class GrpcServerConnection(asyncio.Protocol):
 
     def send_headers(self, stream: int, block: list[tuple[str, str]]) -> None:
         if self._transport is not None:
-            self._transport.writelines(self._header_frames(stream, block, 0))
-
-    def _header_frames(self, stream: int, block: list[tuple[str, str]], flags: int) -> list[bytes]:
-        encoded = self._encoder.encode(block)
-        limit = self._max_frame
-        if len(encoded) <= limit:
-            return [frame(HEADERS, END_HEADERS | flags, stream, encoded)]
-        chunks = [encoded[i:i + limit] for i in range(0, len(encoded), limit)]
-        return ([frame(HEADERS, flags, stream, chunks[0])] + [frame(CONTINUATION, 0, stream, c) for c in chunks[1:-1]]
-                + [frame(CONTINUATION, END_HEADERS, stream, chunks[-1])])
+            self._transport.writelines(header_frames(self._encoder.encode(block), stream, 0, self._max_frame))
 
     def send_message(self, call: Call, message: bytes) -> None:
         transport = self._transport
         if transport is None:
             return
-        n = len(message)
-        size = n + 5
+        size = len(message) + 5
         if not call.out and size <= self._max_frame and size <= self._send_window and size <= call.window:
             self._send_window -= size
             call.window -= size
-            transport.writelines([_DATA_MESSAGE.pack(size >> 16, size & 0xFFFF, DATA, 0, call.stream, 0, n), message])
+            transport.writelines(message_frame(message, call.stream))
             return
-        call.out.append(memoryview(b"\x00" + _U32.pack(n)))
-        call.out.append(memoryview(message))
-        call.out_bytes += size
+        call.out_bytes += queue_message(call.out, message)
         self._pump(call)
 
     def send_trailers(self, call: Call, block: list[tuple[str, str]]) -> None:
-        call.trailers = b"".join(self._header_frames(call.stream, block, END_STREAM))
+        call.trailers = b"".join(header_frames(self._encoder.encode(block), call.stream, END_STREAM, self._max_frame))
         self._pump(call)
 
     def _pump(self, call: Call) -> None:
@@ -532,22 +496,10 @@ class GrpcServerConnection(asyncio.Protocol):
             room = min(self._send_window, call.window, self._max_frame, call.out_bytes)
             if room <= 0:
                 return
-            parts: list = [None]
-            n = 0
-            while n < room:
-                piece = out[0]
-                take = min(len(piece), room - n)
-                if take == len(piece):
-                    parts.append(out.popleft())
-                else:
-                    parts.append(piece[:take])
-                    out[0] = piece[take:]
-                n += take
-            parts[0] = _FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, call.stream)
-            self._send_window -= n
-            call.window -= n
-            call.out_bytes -= n
-            transport.writelines(parts)
+            self._send_window -= room
+            call.window -= room
+            call.out_bytes -= room
+            transport.writelines(data_frame(out, room, call.stream))
         if call.unacked >= RECEIVE_WINDOW // 4:
             self._credit(call)
         call.wake()

@@ -59,6 +59,91 @@ def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return _FRAME.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
 
 
+def header_frames(block: bytes, stream: int, flags: int, limit: int) -> list[bytes]:
+    """An HPACK-coded header block as a HEADERS frame (with `flags`, e.g. END_STREAM) followed by
+    CONTINUATION frames, none above `limit` bytes."""
+    if len(block) <= limit:
+        return [frame(HEADERS, END_HEADERS | flags, stream, block)]
+    chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
+    return ([frame(HEADERS, flags, stream, chunks[0])] + [frame(CONTINUATION, 0, stream, c) for c in chunks[1:-1]]
+            + [frame(CONTINUATION, END_HEADERS, stream, chunks[-1])])
+
+
+def message_frame(message: bytes, stream: int) -> list:
+    """One gRPC message (uncompressed) as one DATA frame: the parts, for writelines."""
+    n = len(message)
+    size = n + 5
+    return [_DATA_MESSAGE.pack(size >> 16, size & 0xFFFF, DATA, 0, stream, 0, n), message]
+
+
+def queue_message(out: deque, message: bytes) -> int:
+    """Queue one gRPC message's bytes (prefix, then the message) for `data_frame`; returns their size."""
+    out.append(memoryview(b"\x00" + _U32.pack(len(message))))
+    out.append(memoryview(message))
+    return len(message) + 5
+
+
+def data_frame(out: deque, room: int, stream: int) -> list:
+    """The parts of one DATA frame carrying the first `room` bytes queued in `out` (at least that
+    many are queued; a piece cut in two leaves its rest at the front), for writelines."""
+    parts: list = [_FRAME.pack(room >> 16, room & 0xFFFF, DATA, 0, stream)]
+    n = 0
+    while n < room:
+        piece = out[0]
+        take = min(len(piece), room - n)
+        if take == len(piece):
+            parts.append(out.popleft())
+        else:
+            parts.append(piece[:take])
+            out[0] = piece[take:]
+        n += take
+    return parts
+
+
+def unpadded(payload, flags: int, ftype: int):
+    """A DATA or HEADERS frame's payload without its padding (and a HEADERS frame's priority
+    fields); ValueError for padding longer than the frame."""
+    if flags & PADDED:
+        if not payload or payload[0] >= len(payload):
+            raise ValueError(f"bad {'DATA' if ftype == DATA else 'HEADERS'} padding")
+        payload = payload[1:len(payload) - payload[0]]
+    if ftype == HEADERS and flags & PRIORITY:
+        payload = payload[5:]
+    return payload
+
+
+class MessageError(Exception):
+    """A message that cannot be taken: the gRPC code and details its call ends with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+def messages(buffer: bytearray, payload, limit: int) -> list[bytes]:
+    """The gRPC messages that a DATA frame's `payload` completes, in order; a message still
+    incomplete stays in `buffer`. MessageError for a compressed message (none is ever offered)
+    or one above `limit` bytes."""
+    if not buffer and len(payload) >= 5 and payload[0] == 0 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+        if len(payload) - 5 > limit:  # the usual case: one whole message in one frame
+            raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"received message larger than max ({len(payload) - 5} vs. {limit} bytes)")
+        return [bytes(payload[5:])]
+    buffer += payload
+    out = []
+    while len(buffer) >= 5:
+        if buffer[0] != 0:
+            raise MessageError(grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
+        n = _U32.unpack_from(buffer, 1)[0]
+        if n > limit:
+            raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit} bytes)")
+        if len(buffer) < n + 5:
+            break
+        out.append(bytes(buffer[5:n + 5]))
+        del buffer[:n + 5]
+    return out
+
+
 def split_address(address: str) -> tuple[str, int]:
     """(host, port) of host:port or [v6]:port; ValueError names an address without a port."""
     host, sep, port = address.rpartition(":")
@@ -142,37 +227,26 @@ class GrpcStream(asyncio.Protocol):
         settings = _SETTING.pack(_ENABLE_PUSH, 0) + _SETTING.pack(_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
         transport.writelines([PREFACE, frame(SETTINGS, 0, 0, settings),
                               frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)),
-                              *self._header_frames(), *self._early])
+                              # sent before the server's SETTINGS can raise the frame size
+                              *header_frames(self._request_headers, STREAM, 0, DEFAULT_FRAME), *self._early])
         self._early = []
         self._transport = transport
         self._pump()
         if self._keepalive:
             self._timer = self._loop.call_later(self._keepalive, self._check_alive)
 
-    def _header_frames(self) -> list[bytes]:
-        block, limit = self._request_headers, DEFAULT_FRAME  # sent before the server's SETTINGS can raise it
-        if len(block) <= limit:
-            return [frame(HEADERS, END_HEADERS, STREAM, block)]
-        chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
-        return ([frame(HEADERS, 0, STREAM, chunks[0])] + [frame(CONTINUATION, 0, STREAM, c) for c in chunks[1:-1]]
-                + [frame(CONTINUATION, END_HEADERS, STREAM, chunks[-1])])
-
     def write(self, message: bytes) -> None:
         """Send one gRPC message (as it is: already serialized)."""
         if self._ended:
             return
-        n = len(message)
-        size = n + 5
+        size = len(message) + 5
         if not self._out and self._transport is not None and size <= self._max_frame \
                 and size <= self._send_window and size <= self._stream_window:
             self._send_window -= size
             self._stream_window -= size
-            self._transport.writelines([_DATA_MESSAGE.pack(size >> 16, size & 0xFFFF, DATA, 0, STREAM, 0, n),
-                                        message])
+            self._transport.writelines(message_frame(message, STREAM))
             return
-        self._out.append(memoryview(b"\x00" + _U32.pack(n)))
-        self._out.append(memoryview(message))
-        self._out_bytes += size
+        self._out_bytes += queue_message(self._out, message)
         self._pump()
 
     def _pump(self) -> None:
@@ -184,22 +258,10 @@ class GrpcStream(asyncio.Protocol):
             room = min(self._send_window, self._stream_window, self._max_frame, self._out_bytes)
             if room <= 0:
                 return
-            parts: list = [None]
-            n = 0
-            while n < room:
-                piece = out[0]
-                take = min(len(piece), room - n)
-                if take == len(piece):
-                    parts.append(out.popleft())
-                else:
-                    parts.append(piece[:take])
-                    out[0] = piece[take:]
-                n += take
-            parts[0] = _FRAME.pack(n >> 16, n & 0xFFFF, DATA, 0, STREAM)
-            self._send_window -= n
-            self._stream_window -= n
-            self._out_bytes -= n
-            transport.writelines(parts)
+            self._send_window -= room
+            self._stream_window -= room
+            self._out_bytes -= room
+            transport.writelines(data_frame(out, room, STREAM))
 
     def _send(self, frame: bytes) -> None:
         if self._transport is not None:
@@ -251,10 +313,10 @@ class GrpcStream(asyncio.Protocol):
 
     def _data(self, payload, flags: int, stream: int) -> None:
         size = len(payload)
-        if flags & PADDED:
-            if not size or payload[0] >= size:
-                raise _ProtocolError("bad DATA padding")
-            payload = payload[1:size - payload[0]]
+        try:
+            payload = unpadded(payload, flags, DATA)
+        except ValueError as exc:
+            raise _ProtocolError(str(exc)) from None
         self._unacked += size
         if self._unacked >= RECEIVE_WINDOW // 4:
             credit = _U32.pack(self._unacked)
@@ -262,25 +324,12 @@ class GrpcStream(asyncio.Protocol):
             self._send(frame(WINDOW_UPDATE, 0, 0, credit) + frame(WINDOW_UPDATE, 0, STREAM, credit))
         if stream != STREAM:
             return
-        m = self._message
-        if not m and len(payload) >= 5 and payload[0] == 0 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
-            self._on_message(bytes(payload[5:]))  # the usual case: one whole message in one frame
-        else:
-            m += payload
-            while len(m) >= 5:
-                if m[0] != 0:
-                    self._end(grpc.StatusCode.INTERNAL, "a compressed answer (no compression was offered)")
-                    return
-                n = _U32.unpack_from(m, 1)[0]
-                if n > self._max_receive:
-                    self._end(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"an answer of {n} bytes, above the {self._max_receive} allowed")
-                    return
-                if len(m) < n + 5:
-                    break
-                message = bytes(m[5:n + 5])
-                del m[:n + 5]
+        try:
+            for message in messages(self._message, payload, self._max_receive):
                 self._on_message(message)
+        except MessageError as exc:
+            self._end(exc.code, f"an answer from the server: {exc.details}")
+            return
         if flags & END_STREAM:
             self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
 
@@ -331,11 +380,10 @@ class GrpcStream(asyncio.Protocol):
 
     def _header_frame(self, ftype: int, flags: int, stream: int, payload: bytes) -> None:
         if ftype == HEADERS:
-            if flags & PADDED:
-                pad = payload[0]
-                payload = payload[1:len(payload) - pad]
-            if flags & PRIORITY:
-                payload = payload[5:]
+            try:
+                payload = unpadded(payload, flags, HEADERS)
+            except ValueError as exc:
+                raise _ProtocolError(str(exc)) from None
             self._block = bytearray(payload)
             self._block_ends = bool(flags & END_STREAM)
         else:

@@ -215,6 +215,18 @@ async def test_every_ping_is_answered_however_often_and_the_connection_serves_on
     raw.close()
 
 
+@pytest.mark.parametrize("block", [b"\xff\xff\xff\xff\x7f", b"\x00\x01a\x01\xff"],
+                         ids=["bad HPACK", "a value that is not UTF-8"])
+async def test_an_undecodable_header_block_ends_the_connection_naming_it(server, block):
+    address, _, log = server
+    raw = await RawClient.connect(address)
+    raw.writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
+                     + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, block))
+    code, why = await raw.goaway()
+    assert code == 0x9 and "undecodable headers" in why
+    assert log == []
+
+
 async def test_a_frame_above_the_frame_size_ends_the_connection_with_frame_size_error(server):
     address, _, log = server
     raw = await RawClient.connect(address)
