@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import grpc
 
+from pybk.security.auth import certificate_common_name
+
 from .h2server import Call, GrpcServerConnection
 
 log = logging.getLogger("pybk.proto.grpc_server")
@@ -69,8 +71,7 @@ class Context:
 
     def peer(self) -> str:
         """The client's address, written as gRPC writes it (ipv4:host:port, ipv6:[host]:port)."""
-        host, _, port = self._call.peer.rpartition(":")
-        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        return self._call.peer
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         """The request's custom metadata (not the pseudo-headers nor gRPC's own)."""
@@ -79,10 +80,8 @@ class Context:
     def auth_context(self) -> dict[str, list[bytes]]:
         """The verified client certificate's common name, keyed as gRPC keys it; empty without one."""
         ssl_object = self._call.ssl_object
-        cert = ssl_object.getpeercert() if ssl_object is not None else None
-        names = [value.encode() for rdn in (cert or {}).get("subject", ()) for key, value in rdn
-                 if key == "commonName"]
-        return {"x509_common_name": names} if names else {}
+        name = certificate_common_name(ssl_object.getpeercert() if ssl_object is not None else None)
+        return {"x509_common_name": [name.encode()]} if name else {}
 
     async def send_initial_metadata(self, metadata) -> None:
         self._call.send_headers(list(metadata))
@@ -147,7 +146,7 @@ class _Running:
         self.context = Context(call, method.serialize)
         self.task: asyncio.Task | None = None
         self.over = False  # the task is ending the call itself: closed() must not cancel it
-        self.request: list[bytes] = []
+        self.request: bytes | None = None  # a unary call's one request, until the client half-closes
         self.requests = _Requests(method.deserialize) if method.kind is Kind.BIDI else None
         if self.requests is not None:
             self._start(self.requests)
@@ -158,21 +157,21 @@ class _Running:
     def message(self, data: bytes) -> None:
         if self.requests is not None:
             self.requests.put(data)
-        elif self.request or self.task is not None:
+        elif self.request is not None or self.task is not None:
             self.over = True
             self.call.abandon(grpc.StatusCode.INVALID_ARGUMENT, f"{self.method.path} takes one request message")
         else:
-            self.request.append(data)
+            self.request = data
 
     def end_of_input(self) -> None:
         if self.requests is not None:
             self.requests.end()
         elif self.task is None:
-            if not self.request:
+            if self.request is None:
                 self.over = True
                 self.call.finish(grpc.StatusCode.INVALID_ARGUMENT, f"{self.method.path} got no request message")
                 return
-            self._start(self.method.deserialize(self.request.pop()))
+            self._start(self.method.deserialize(self.request))
 
     def closed(self) -> None:
         if self.task is not None and not self.over:
@@ -213,10 +212,6 @@ class Server:
         self._connections: set[GrpcServerConnection] = set()
         self._tasks: set[asyncio.Task] = set()
         self._stopped = asyncio.Event()
-
-    @property
-    def port(self) -> int:
-        return self._sock.getsockname()[1]
 
     def spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)

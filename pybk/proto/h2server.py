@@ -32,14 +32,12 @@ from urllib.parse import quote
 import grpc
 import hpack
 
-from .http2 import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
-                    HEADERS, PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, MessageError, data_frame, frame,
-                    header_frames, message_frame, messages, queue_message, unpadded)
+from .http2 import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS, END_STREAM, FRAME, GOAWAY,
+                    HEADERS, PING, PREFACE, RST_STREAM, SETTING, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE,
+                    SETTINGS_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, MessageError, data_frame, frame, header_frames,
+                    message_frame, messages, queue_message, unpadded)
 
-_FRAME = struct.Struct(">BHBBI")
-_SETTING = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
-_INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS, _MAX_HEADER_LIST_SIZE = 4, 5, 3, 6
+_MAX_CONCURRENT_STREAMS, _MAX_HEADER_LIST_SIZE = 3, 6   # the SETTINGS only a server sends
 
 RECEIVE_WINDOW = 4 * 1024 * 1024    # what a client may send ahead, per stream and per connection
 LINGER = 1.0                         # seconds a failed connection is drained before it closes
@@ -91,13 +89,6 @@ class Call:
     @property
     def ssl_object(self):
         return self._conn.ssl_object
-
-    def metadata(self, name: str) -> str | None:
-        """The request header `name` (lower case), None if absent."""
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
 
     def send_headers(self, metadata: list[tuple[str, str]] = ()) -> None:
         """Send the answer's initial metadata now (else it goes with the first message)."""
@@ -183,15 +174,16 @@ class GrpcServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        peer = transport.get_extra_info("peername")  # written as gRPC writes it, for logs
+        self.peer = (f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}") \
+            if isinstance(peer, tuple) else str(peer)
         self.ssl_object = transport.get_extra_info("ssl_object")
         transport.set_write_buffer_limits(high=WRITE_LIMIT)
-        settings = (_SETTING.pack(_MAX_CONCURRENT_STREAMS, MAX_STREAMS)
-                    + _SETTING.pack(_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
-                    + _SETTING.pack(_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST))
+        settings = (SETTING.pack(_MAX_CONCURRENT_STREAMS, MAX_STREAMS)
+                    + SETTING.pack(SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
+                    + SETTING.pack(_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST))
         transport.writelines([frame(SETTINGS, 0, 0, settings),
-                              frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW))])
+                              frame(WINDOW_UPDATE, 0, 0, U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW))])
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -266,7 +258,7 @@ class GrpcServerConnection(asyncio.Protocol):
             pos = len(PREFACE)
         try:
             while end - pos >= 9 and not self._closing:
-                hi, lo, ftype, flags, stream = _FRAME.unpack_from(view, pos)
+                hi, lo, ftype, flags, stream = FRAME.unpack_from(view, pos)
                 n = (hi << 16) | lo
                 if n > DEFAULT_FRAME:  # this side never raised SETTINGS_MAX_FRAME_SIZE
                     raise _ConnectionError(_FRAME_SIZE_ERROR, f"a frame of {n} bytes, above the {DEFAULT_FRAME} allowed")
@@ -298,7 +290,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._allowed -= size
         self._unacked += size
         if self._unacked >= RECEIVE_WINDOW // 4:
-            self._transport.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self._unacked)))
+            self._transport.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self._unacked)))
             self._allowed += self._unacked
             self._unacked = 0
         if stream == 0:
@@ -336,7 +328,7 @@ class GrpcServerConnection(asyncio.Protocol):
         """Give the client back the stream window its taken requests used. Held back while the
         call's answers wait for the client's own window: a client that does not read its answers
         stops being able to send, so neither side's bytes pile up here."""
-        self._transport.write(frame(WINDOW_UPDATE, 0, call.stream, _U32.pack(call.unacked)))
+        self._transport.write(frame(WINDOW_UPDATE, 0, call.stream, U32.pack(call.unacked)))
         call.allowed += call.unacked
         call.unacked = 0
 
@@ -367,7 +359,7 @@ class GrpcServerConnection(asyncio.Protocol):
         elif ftype == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a WINDOW_UPDATE that is not 4 bytes")
-            credit = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            credit = U32.unpack(payload)[0] & 0x7FFFFFFF
             if stream == 0:
                 self._send_window += credit
                 if self._send_window > 0x7FFFFFFF:
@@ -391,14 +383,14 @@ class GrpcServerConnection(asyncio.Protocol):
         if len(payload) % 6:
             raise _ConnectionError(_FRAME_SIZE_ERROR, "a SETTINGS frame whose length is not a multiple of 6")
         for k in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, k)
-            if key == _INITIAL_WINDOW_SIZE:
+            key, value = SETTING.unpack_from(payload, k)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > 0x7FFFFFFF:
                     raise _ConnectionError(_FLOW_CONTROL_ERROR, "an initial window above 2^31-1")
                 for call in self._calls.values():
                     call.window += value - self.peer_initial
                 self.peer_initial = value
-            elif key == _MAX_FRAME_SIZE:
+            elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME <= value <= 0xFFFFFF:
                     raise _ConnectionError(_PROTOCOL_ERROR, f"a max frame size of {value}")
                 self._max_frame = value
@@ -441,7 +433,7 @@ class GrpcServerConnection(asyncio.Protocol):
 
     def _open(self, stream: int, headers: list, ends: bool) -> None:
         if len(self._calls) >= MAX_STREAMS or self._going_away:
-            self._transport.write(frame(RST_STREAM, 0, stream, _U32.pack(_REFUSED)))
+            self._transport.write(frame(RST_STREAM, 0, stream, U32.pack(_REFUSED)))
             return
         pairs = [(k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
                  for k, v in headers]
@@ -507,7 +499,7 @@ class GrpcServerConnection(asyncio.Protocol):
             transport.write(call.trailers)
             call.trailers = None
             if not call.input_ended:  # the call is over: tell the client to stop sending (RFC 9113 8.1)
-                transport.write(frame(RST_STREAM, 0, call.stream, _U32.pack(0)))
+                transport.write(frame(RST_STREAM, 0, call.stream, U32.pack(0)))
             self._forget(call)
 
     @property

@@ -31,14 +31,14 @@ import grpc
 import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_FRAME = struct.Struct(">BHBBI")           # length (24 bits as 8 + 16), type, flags, stream id
+FRAME = struct.Struct(">BHBBI")           # length (24 bits as 8 + 16), type, flags, stream id
 _DATA_MESSAGE = struct.Struct(">BHBBIBI")  # a DATA frame's header followed by a gRPC message prefix
-_SETTING = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
+SETTING = struct.Struct(">HI")
+U32 = struct.Struct(">I")
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-_HEADER_TABLE_SIZE, _ENABLE_PUSH, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE = 1, 2, 4, 5
+_HEADER_TABLE_SIZE, _ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 1, 2, 4, 5
 
 STREAM = 1                                 # the one stream of a connection
 DEFAULT_WINDOW = 65_535                    # RFC 9113's initial windows, until the server's SETTINGS
@@ -56,7 +56,7 @@ OnEnd = Callable[[grpc.StatusCode, str], None]
 def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     """One HTTP/2 frame: its 9-byte header and payload."""
     n = len(payload)
-    return _FRAME.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
+    return FRAME.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
 
 
 def header_frames(block: bytes, stream: int, flags: int, limit: int) -> list[bytes]:
@@ -78,7 +78,7 @@ def message_frame(message: bytes, stream: int) -> list:
 
 def queue_message(out: deque, message: bytes) -> int:
     """Queue one gRPC message's bytes (prefix, then the message) for `data_frame`; returns their size."""
-    out.append(memoryview(b"\x00" + _U32.pack(len(message))))
+    out.append(memoryview(b"\x00" + U32.pack(len(message))))
     out.append(memoryview(message))
     return len(message) + 5
 
@@ -86,7 +86,7 @@ def queue_message(out: deque, message: bytes) -> int:
 def data_frame(out: deque, room: int, stream: int) -> list:
     """The parts of one DATA frame carrying the first `room` bytes queued in `out` (at least that
     many are queued; a piece cut in two leaves its rest at the front), for writelines."""
-    parts: list = [_FRAME.pack(room >> 16, room & 0xFFFF, DATA, 0, stream)]
+    parts: list = [FRAME.pack(room >> 16, room & 0xFFFF, DATA, 0, stream)]
     n = 0
     while n < room:
         piece = out[0]
@@ -124,7 +124,7 @@ def messages(buffer: bytearray, payload, limit: int) -> list[bytes]:
     """The gRPC messages that a DATA frame's `payload` completes, in order; a message still
     incomplete stays in `buffer`. MessageError for a compressed message (none is ever offered)
     or one above `limit` bytes."""
-    if not buffer and len(payload) >= 5 and payload[0] == 0 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+    if not buffer and len(payload) >= 5 and payload[0] == 0 and U32.unpack_from(payload, 1)[0] == len(payload) - 5:
         if len(payload) - 5 > limit:  # the usual case: one whole message in one frame
             raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"received message larger than max ({len(payload) - 5} vs. {limit} bytes)")
@@ -134,7 +134,7 @@ def messages(buffer: bytearray, payload, limit: int) -> list[bytes]:
     while len(buffer) >= 5:
         if buffer[0] != 0:
             raise MessageError(grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
-        n = _U32.unpack_from(buffer, 1)[0]
+        n = U32.unpack_from(buffer, 1)[0]
         if n > limit:
             raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit} bytes)")
         if len(buffer) < n + 5:
@@ -224,9 +224,9 @@ class GrpcStream(asyncio.Protocol):
         if self._ended:
             transport.close()
             return
-        settings = _SETTING.pack(_ENABLE_PUSH, 0) + _SETTING.pack(_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
+        settings = SETTING.pack(_ENABLE_PUSH, 0) + SETTING.pack(SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
         transport.writelines([PREFACE, frame(SETTINGS, 0, 0, settings),
-                              frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)),
+                              frame(WINDOW_UPDATE, 0, 0, U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)),
                               # sent before the server's SETTINGS can raise the frame size
                               *header_frames(self._request_headers, STREAM, 0, DEFAULT_FRAME), *self._early])
         self._early = []
@@ -275,7 +275,7 @@ class GrpcStream(asyncio.Protocol):
             return
         self._ended = True
         if self._transport is not None:
-            self._transport.write(frame(RST_STREAM, 0, STREAM, _U32.pack(0x8)))
+            self._transport.write(frame(RST_STREAM, 0, STREAM, U32.pack(0x8)))
         self._stop()
 
     # ---- receiving --------------------------------------------------------------------------
@@ -291,7 +291,7 @@ class GrpcStream(asyncio.Protocol):
         pos, end = 0, len(view)
         try:
             while end - pos >= 9 and not self._ended:
-                hi, lo, ftype, flags, stream = _FRAME.unpack_from(view, pos)
+                hi, lo, ftype, flags, stream = FRAME.unpack_from(view, pos)
                 n = (hi << 16) | lo
                 if end - pos - 9 < n:
                     break
@@ -319,7 +319,7 @@ class GrpcStream(asyncio.Protocol):
             raise _ProtocolError(str(exc)) from None
         self._unacked += size
         if self._unacked >= RECEIVE_WINDOW // 4:
-            credit = _U32.pack(self._unacked)
+            credit = U32.pack(self._unacked)
             self._unacked = 0
             self._send(frame(WINDOW_UPDATE, 0, 0, credit) + frame(WINDOW_UPDATE, 0, STREAM, credit))
         if stream != STREAM:
@@ -347,7 +347,7 @@ class GrpcStream(asyncio.Protocol):
         elif ftype == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise _ProtocolError("a WINDOW_UPDATE that is not 4 bytes")
-            credit = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            credit = U32.unpack(payload)[0] & 0x7FFFFFFF
             if stream == 0:
                 self._send_window += credit
             elif stream == STREAM:
@@ -356,7 +356,7 @@ class GrpcStream(asyncio.Protocol):
         elif ftype == HEADERS or ftype == CONTINUATION:
             self._header_frame(ftype, flags, stream, payload)
         elif ftype == RST_STREAM and stream == STREAM:
-            code = _U32.unpack(payload[:4])[0] if len(payload) >= 4 else 0
+            code = U32.unpack(payload[:4])[0] if len(payload) >= 4 else 0
             self._end(_RST_CODES.get(code, grpc.StatusCode.INTERNAL), f"the server reset the stream (HTTP/2 error {code})")
         elif ftype == GOAWAY:
             last, code = struct.unpack_from(">II", payload) if len(payload) >= 8 else (0, 0)
@@ -370,11 +370,11 @@ class GrpcStream(asyncio.Protocol):
         if len(payload) % 6:
             raise _ProtocolError("a SETTINGS frame whose length is not a multiple of 6")
         for k in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, k)
-            if key == _INITIAL_WINDOW_SIZE:
+            key, value = SETTING.unpack_from(payload, k)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 self._stream_window += value - self._peer_initial
                 self._peer_initial = value
-            elif key == _MAX_FRAME_SIZE:
+            elif key == SETTINGS_MAX_FRAME_SIZE:
                 self._max_frame = value
         self._pump()
 

@@ -247,9 +247,12 @@ class Authenticator:
         token = bearer_token(request.headers.getall("Authorization", []))
         common_name = None
         if token is None and request.transport is not None:
-            cert = request.transport.get_extra_info("peercert")
-            for rdn in (cert or {}).get("subject", ()):
-                for key, value in rdn:
-                    if key == "commonName":
-                        common_name = value
+            common_name = certificate_common_name(request.transport.get_extra_info("peercert"))
         return self.authorize(token, common_name, operation)
+
+
+def certificate_common_name(cert: dict | None) -> str | None:
+    """The subject common name of a peer certificate as `ssl` gives it (`getpeercert()`: verified
+    by the handshake), None without a certificate or a common name."""
+    names = [value for rdn in (cert or {}).get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[-1] if names else None
