@@ -32,10 +32,10 @@ from urllib.parse import quote
 import grpc
 import hpack
 
-from .http2 import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS, END_STREAM, FRAME, GOAWAY,
-                    HEADERS, PING, PREFACE, RST_STREAM, SETTING, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE,
-                    SETTINGS_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, MessageError, data_frame, frame, header_frames,
-                    message_frame, messages, queue_message, unpadded)
+from .http2 import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
+                    PING, PREFACE, RST_STREAM, SETTING, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE,
+                    U32, WINDOW_UPDATE, FrameSizeError, MessageBuffer, MessageError, data_frame, frame, frames,
+                    header_frames, message_frame, queue_message, unpadded)
 
 _MAX_CONCURRENT_STREAMS, _MAX_HEADER_LIST_SIZE = 3, 6   # the SETTINGS only a server sends
 
@@ -73,7 +73,7 @@ class Call:
         self.window = conn.peer_initial   # what this side may still send on the stream
         self.out: deque[memoryview] = deque()
         self.out_bytes = 0
-        self.message = bytearray()        # a request spread over DATA frames
+        self.message = MessageBuffer()    # a request spread over DATA frames
         self.unacked = 0                  # request bytes taken, not yet credited back to the client
         self.allowed = RECEIVE_WINDOW     # what the client may still send on the stream
         self.input_ended = False
@@ -237,49 +237,34 @@ class GrpcServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
-        rx = self._rx
-        if rx:
-            rx += data
-            view = rx
-        else:
-            view = data
-        pos, end = 0, len(view)
         if not self._preface:
-            head = bytes(view[:len(PREFACE)])
-            if not PREFACE.startswith(head):
+            data = bytes(self._rx) + data
+            self._rx.clear()
+            if not PREFACE.startswith(data[:len(PREFACE)]):
                 self._fail(_PROTOCOL_ERROR, "not an HTTP/2 connection preface (is the client speaking HTTP/1 "
                                             "or TLS to a plaintext port?)")
                 return
-            if len(head) < len(PREFACE):
-                if view is not rx:
-                    rx += view
+            if len(data) < len(PREFACE):
+                self._rx += data
                 return
             self._preface = True
-            pos = len(PREFACE)
+            data = data[len(PREFACE):]
         try:
-            while end - pos >= 9 and not self._closing:
-                hi, lo, ftype, flags, stream = FRAME.unpack_from(view, pos)
-                n = (hi << 16) | lo
-                if n > DEFAULT_FRAME:  # this side never raised SETTINGS_MAX_FRAME_SIZE
-                    raise _ConnectionError(_FRAME_SIZE_ERROR, f"a frame of {n} bytes, above the {DEFAULT_FRAME} allowed")
-                if end - pos - 9 < n:
-                    break
-                start = pos + 9
-                pos = start + n
-                stream &= 0x7FFFFFFF
+            for ftype, flags, stream, payload in frames(self._rx, data):
                 if self._block_stream and ftype != CONTINUATION:
                     raise _ConnectionError(_PROTOCOL_ERROR, "a header block interrupted by another frame")
                 if ftype == DATA:
-                    self._data(view[start:pos], flags, stream)
+                    self._data(payload, flags, stream)
                 else:
-                    self._control(ftype, flags, stream, bytes(view[start:pos]))
+                    self._control(ftype, flags, stream, bytes(payload))
+                if self._closing:
+                    return
+        except FrameSizeError as exc:
+            self._fail(_FRAME_SIZE_ERROR, str(exc))
+            return
         except _ConnectionError as exc:
             self._fail(exc.code, exc.why)
             return
-        if view is rx:
-            del rx[:pos]
-        elif pos < end:
-            rx += view[pos:]
         if self._transport is not None and self._transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
             self._fail(_ENHANCE_YOUR_CALM, f"more than {MAX_WRITE_BUFFER} bytes of frames left unread")
 
@@ -309,7 +294,7 @@ class GrpcServerConnection(asyncio.Protocol):
         if call.unacked >= RECEIVE_WINDOW // 4 and call.out_bytes < RECEIVE_WINDOW:
             self._credit(call)
         try:
-            taken = messages(call.message, payload, self._max_message)
+            taken = call.message.take(payload, self._max_message)
         except MessageError as exc:
             self.reset(call, exc.code, exc.details)
             return

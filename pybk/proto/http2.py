@@ -24,7 +24,7 @@ import asyncio
 import ssl as _ssl
 import struct
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 from urllib.parse import unquote
 
 import grpc
@@ -120,28 +120,101 @@ class MessageError(Exception):
         self.code, self.details = code, details
 
 
-def messages(buffer: bytearray, payload, limit: int) -> list[bytes]:
-    """The gRPC messages that a DATA frame's `payload` completes, in order; a message still
-    incomplete stays in `buffer`. MessageError for a compressed message (none is ever offered)
-    or one above `limit` bytes."""
-    if not buffer and len(payload) >= 5 and payload[0] == 0 and U32.unpack_from(payload, 1)[0] == len(payload) - 5:
-        if len(payload) - 5 > limit:  # the usual case: one whole message in one frame
-            raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"received message larger than max ({len(payload) - 5} vs. {limit} bytes)")
-        return [bytes(payload[5:])]
-    buffer += payload
-    out = []
-    while len(buffer) >= 5:
-        if buffer[0] != 0:
-            raise MessageError(grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
-        n = U32.unpack_from(buffer, 1)[0]
-        if n > limit:
-            raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit} bytes)")
-        if len(buffer) < n + 5:
+class FrameSizeError(Exception):
+    """A frame above the DEFAULT_FRAME bytes neither side ever raised its SETTINGS_MAX_FRAME_SIZE to."""
+
+    def __init__(self, size: int):
+        super().__init__(f"a frame of {size} bytes, above the {DEFAULT_FRAME} allowed")
+
+
+def frames(rx: bytearray, data: bytes) -> Iterator[tuple[int, int, int, memoryview]]:
+    """The whole frames of `rx` (what earlier reads left of an unfinished frame) followed by
+    `data`, as (type, flags, stream id, payload), in order; the rest of an unfinished frame is
+    left in `rx`. A payload is a view of `data`, not a copy, except that of the one frame begun
+    in an earlier read, which is copied once. FrameSizeError for a frame above DEFAULT_FRAME
+    bytes, before any of it is kept."""
+    pos, end = 0, len(data)
+    if rx:
+        if len(rx) < 9:  # its header was cut too
+            pos = 9 - len(rx)
+            rx += data[:pos]
+            if len(rx) < 9:
+                return
+        n = (rx[0] << 16) | (rx[1] << 8) | rx[2]
+        if n > DEFAULT_FRAME:
+            raise FrameSizeError(n)
+        take = 9 + n - len(rx)
+        rx += data[pos:pos + take]
+        pos += take
+        if len(rx) < 9 + n:
+            return
+        whole = bytes(rx)
+        rx.clear()
+        _, _, ftype, flags, stream = FRAME.unpack_from(whole)
+        yield ftype, flags, stream & 0x7FFFFFFF, memoryview(whole)[9:]
+    view = memoryview(data)
+    while end - pos >= 9:
+        hi, lo, ftype, flags, stream = FRAME.unpack_from(data, pos)
+        n = (hi << 16) | lo
+        if n > DEFAULT_FRAME:
+            raise FrameSizeError(n)
+        if end - pos - 9 < n:
             break
-        out.append(bytes(buffer[5:n + 5]))
-        del buffer[:n + 5]
-    return out
+        start = pos + 9
+        pos = start + n
+        yield ftype, flags, stream & 0x7FFFFFFF, view[start:pos]
+    if pos < end:
+        rx += view[pos:]
+
+
+class MessageBuffer:
+    """One direction of a call's gRPC messages, put back together from its DATA frames' payloads.
+    A message that spans frames is copied once, into a buffer of its own that is then handed out
+    as it is (a memoryview: decoders take it, nothing writes to it again); one that fits its frame
+    is copied out of the frame. What is buffered is at most one message within the limit plus
+    one frame."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def __bool__(self) -> bool:
+        """True while part of a message is buffered."""
+        return bool(self._buf)
+
+    def take(self, payload, limit: int) -> list:
+        """The messages that a DATA frame's `payload` completes, in order. MessageError for a
+        compressed message (none is ever offered) or one above `limit` bytes."""
+        buf = self._buf
+        if not buf and len(payload) >= 5 and payload[0] == 0 and U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+            if len(payload) - 5 > limit:  # the usual case: one whole message in one frame
+                raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"received message larger than max ({len(payload) - 5} vs. {limit} bytes)")
+            return [bytes(payload[5:])]
+        buf += payload
+        out = []
+        while len(buf) >= 5:
+            n = _check_prefix(buf, limit)
+            if len(buf) < n + 5:
+                break
+            if len(buf) == n + 5:  # the buffer is this message alone: hand it out, start a new one
+                out.append(memoryview(buf)[5:])
+                buf = self._buf = bytearray()
+                break
+            out.append(bytes(buf[5:n + 5]))
+            del buf[:n + 5]
+        return out
+
+
+def _check_prefix(prefix, limit: int) -> int:
+    """The size a gRPC message prefix announces; MessageError for a compressed or oversize one."""
+    if prefix[0] != 0:
+        raise MessageError(grpc.StatusCode.INTERNAL, "a compressed message (no compression was offered)")
+    n = U32.unpack_from(prefix, 1)[0]
+    if n > limit:
+        raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit} bytes)")
+    return n
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -178,8 +251,8 @@ class GrpcStream(asyncio.Protocol):
         self._spoke = False                # a SETTINGS frame came from the server
         self._block = bytearray()          # a header block spread over CONTINUATION frames
         self._block_ends = False
-        self._rx = bytearray()             # received bytes not yet parsed into frames
-        self._message = bytearray()        # a gRPC message spread over DATA frames
+        self._rx = bytearray()             # received bytes of a frame not yet whole
+        self._message = MessageBuffer()    # an answer spread over DATA frames
         self._unacked = 0                  # DATA bytes received and not yet given back by WINDOW_UPDATE
         self._out: deque[memoryview] = deque()  # message bytes waiting for window
         self._out_bytes = 0
@@ -282,34 +355,16 @@ class GrpcStream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard = True
-        rx = self._rx
-        if rx:
-            rx += data
-            view = rx
-        else:
-            view = data
-        pos, end = 0, len(view)
         try:
-            while end - pos >= 9 and not self._ended:
-                hi, lo, ftype, flags, stream = FRAME.unpack_from(view, pos)
-                n = (hi << 16) | lo
-                if end - pos - 9 < n:
-                    break
-                start = pos + 9
-                pos = start + n
-                if n > DEFAULT_FRAME:  # this side never raised SETTINGS_MAX_FRAME_SIZE
-                    raise _ProtocolError(f"a frame of {n} bytes, above the {DEFAULT_FRAME} allowed")
+            for ftype, flags, stream, payload in frames(self._rx, data):
                 if ftype == DATA:
-                    self._data(view[start:pos], flags, stream)
+                    self._data(payload, flags, stream)
                 else:
-                    self._control(ftype, flags, stream & 0x7FFFFFFF, bytes(view[start:pos]))
-        except _ProtocolError as exc:
+                    self._control(ftype, flags, stream, bytes(payload))
+                if self._ended:
+                    return
+        except (_ProtocolError, FrameSizeError) as exc:
             self._end(grpc.StatusCode.INTERNAL, f"HTTP/2 protocol error from the server: {exc}")
-            return
-        if view is rx:
-            del rx[:pos]
-        elif pos < end:
-            rx += view[pos:]
 
     def _data(self, payload, flags: int, stream: int) -> None:
         size = len(payload)
@@ -325,7 +380,7 @@ class GrpcStream(asyncio.Protocol):
         if stream != STREAM:
             return
         try:
-            for message in messages(self._message, payload, self._max_receive):
+            for message in self._message.take(payload, self._max_receive):
                 self._on_message(message)
         except MessageError as exc:
             self._end(exc.code, f"an answer from the server: {exc.details}")
