@@ -27,8 +27,8 @@ from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
-from .journal import (RECORD_HEADER, Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
-                      check as check_journal, discard_unused, encode_record, encode_records, is_space_error, journal_files,
+from .journal import (Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
+                      check as check_journal, discard_unused, encode_record, encode_run, is_space_error, journal_files,
                       read_head, read_mark, replay, scan_file, write_atomic, write_mark)
 from .metrics import Metrics
 from .state import KEY_MISSING, LedgerState, check_key
@@ -60,13 +60,15 @@ class ReadOnlyReason(enum.Enum):
 
 class AddRun(NamedTuple):
     """Entries of one ledger with one master key and flags, as add_runs takes them: a packed
-    run of the wire (pb.AddRun) or consecutive AddEntry messages alike."""
+    run of the wire (pb.AddRun) or consecutive AddEntry messages alike. `packed` is the bodies
+    back to back, when the wire brought them so (a run wholly accepted is journaled from it)."""
 
     ledger_id: int
     master_key: bytes
     flags: int
     entry_ids: Sequence[int]
     bodies: Sequence[bytes]
+    packed: bytes | None = None
 
 
 def runs_of(entries) -> list[AddRun]:
@@ -353,11 +355,8 @@ class Bookie:
         changed: set[int] = set()  # ledgers whose LAC rose while long-polls wait on them
         nbytes = 0
         count = 0
-        jbytes = 0  # journal bytes beyond the ADD records
         last_ledger = -1
         st = None
-        accepted: dict[int, dict[int, bytes]] = {}  # ledger -> entry id -> body
-        acc: dict[int, bytes] = {}  # accepted[last_ledger]
         cur_key = b""
         cur_recovery_only = False  # fenced, or a keyless run: only recovery adds pass
         cur_lac = -1
@@ -368,6 +367,7 @@ class Bookie:
             recovery = r.flags & 1
             decided = False
             refusal = None
+            refused = len(errors)
             for eid, body in zip(r.entry_ids, r.bodies):
                 i += 1
                 size = len(body)
@@ -389,16 +389,11 @@ class Bookie:
                             st = None
                         state = ledgers.get(ledger)
                         if state is None or state.master_key != key:
-                            state, refusal, jb = self._run_key(ledger, key, state, keyless, admit, append)
+                            state, refusal = self._run_key(ledger, key, state, keyless, admit, append)
                             if refusal is not None:
                                 last_ledger = -1
-                            else:
-                                jbytes += jb
                         if refusal is None:
                             st = state
-                            acc = accepted.get(ledger)
-                            if acc is None:
-                                acc = accepted[ledger] = {}
                             last_ledger = ledger
                             cur_key = key
                             cur_recovery_only = st.fenced or not key
@@ -409,14 +404,19 @@ class Bookie:
                 if cur_recovery_only and not recovery:
                     errors.append((i, pb.FENCED, f"ledger {ledger} is fenced") if cur_key else (i, _BAD, KEY_MISSING))
                     continue
-                acc[eid] = body
                 if hlac > cur_lac:
                     cur_lac = hlac
-        for ledger, bodies in accepted.items():
-            if bodies:
-                records += encode_records(_ADD, ledger, bodies)
-                nbytes += cache.put_many(ledger, bodies)
-                count += len(bodies)
+            ids, bodies, packed = r.entry_ids, r.bodies, r.packed
+            if len(errors) > refused:  # some of the run refused: journal the rest
+                first = i + 1 - len(ids)
+                out = {k - first for k, _, _ in errors[refused:]}
+                keep = [k for k in range(len(ids)) if k not in out]
+                ids, bodies, packed = [ids[k] for k in keep], [bodies[k] for k in keep], None
+            if ids:
+                records += encode_run(ledger, ids, list(map(len, bodies)),
+                                      packed if packed is not None else b"".join(bodies))
+                nbytes += cache.put_many(ledger, dict(zip(ids, bodies)))
+                count += len(ids)
         if st is not None:
             self._raise_lac(st, cur_lac, last_ledger, changed)
         for ledger in changed:
@@ -428,27 +428,27 @@ class Bookie:
         m.add_bytes.inc(nbytes)
         if cache.bytes >= self.opts.checkpoint_bytes:
             self.request_checkpoint()
-        return errors, self.journal.append(records, jbytes + nbytes + count * RECORD_HEADER)
+        return errors, self.journal.append(records)
 
     def _run_key(self, ledger: int, key: bytes, st: LedgerState | None, keyless: bool,
                  admit: Admission | None, append: Callable[[bytes], None]
-                 ) -> tuple[LedgerState | None, tuple[int, str] | None, int]:
+                 ) -> tuple[LedgerState | None, tuple[int, str] | None]:
         """The key decision for a run of a batch whose key is not the one recorded for its ledger
-        (the rare path of add_batch): (ledger state, None, journal bytes added) to accept the
-        run, or (None, (status, message), 0) to refuse it. A first key accepted is recorded."""
+        (the rare path of add_batch): (ledger state, None) to accept the run, or (None, (status,
+        message)) to refuse it. A first key accepted is recorded."""
         if not key:
             if not keyless:
-                return None, (_BAD, KEY_MISSING), 0
+                return None, (_BAD, KEY_MISSING)
             if st is None:
                 st = self.ledgers[ledger] = LedgerState()
                 self.metrics.ledgers.set(len(self.ledgers))
-            return st, None, 0
+            return st, None
         if st is not None and st.master_key:
-            return None, (pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}"), 0
+            return None, (pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}")
         if admit is not None:
             status, why = admit(ledger, key)
             if status != _OK:
-                return None, (status, why), 0
+                return None, (status, why)
         if st is None:
             st = self.ledgers[ledger] = LedgerState(master_key=key)
             self.metrics.ledgers.set(len(self.ledgers))
@@ -456,7 +456,7 @@ class Bookie:
             st.master_key = key
             st.dirty = True
         append(encode_record(_MASTER_KEY, ledger, -1, key))
-        return st, None, RECORD_HEADER + len(key)
+        return st, None
 
     def _raise_lac(self, st: LedgerState, lac: int, ledger: int, changed: set[int]) -> None:
         """Keep the highest LAC a ledger's adds carried; note the ledger when long-polls wait on it."""

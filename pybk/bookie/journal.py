@@ -4,7 +4,13 @@ Record layout (big-endian):
 
     length u32 | crc32c u32 | type u8 | ledger u64 | entry i64 | body
 
-`length` is the body's length; the CRC32C covers type, ledger, entry and body. One writer task
+`length` is the body's length; the CRC32C covers type, ledger, entry and body. Adds are written
+as ADD_RUN records, one per run of entries of one ledger in a batch: `entry` is their count n and
+the body is their entry ids (n x i64), their body sizes (n x u32), then the bodies back to back,
+as they came off the wire; one CRC32C covers the run (no work per entry), and replay hands out its
+entries as ADD records. (ADD, one entry per record, is what bookies before runs wrote: it is
+still replayed, and a journal with runs cannot be replayed by those bookies: downgrade only after
+a clean stop, whose checkpoint leaves nothing to replay.) One writer task
 does group commit: it takes everything queued, writes it with one write and one fdatasync, then
 completes all of those appends at once. A small group (a lone add, the window-1 case) is written
 and synced right on the event loop while the disk syncs fast (under INLINE_MAX_SYNC_SECONDS on
@@ -57,7 +63,7 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import google_crc32c
 
@@ -81,6 +87,7 @@ class RecordType(enum.IntEnum):
     MASTER_KEY = 3
     LAC = 4
     FILE_HEADER = 5
+    ADD_RUN = 6
 
 
 class Record(NamedTuple):
@@ -138,19 +145,38 @@ class _FileHeader(NamedTuple):
 
 
 _PREALLOC = struct.Struct(">Q")
+_ADD, _ADD_RUN, _FILE_HEADER = int(RecordType.ADD), int(RecordType.ADD_RUN), int(RecordType.FILE_HEADER)
 FILE_HEADER_SIZE = RECORD_HEADER + _PREALLOC.size
 _ZERO_HEADER = bytes(RECORD_HEADER)
 
 
-def encode_records(rtype: int, ledger: int, bodies: dict[int, bytes]) -> list[bytes]:
-    """Records of one type and ledger, one per entry id -> body, as the parts Journal.append takes:
-    header, body, header, body, ... (bodies are not copied). Adds call it once per ledger of a batch."""
-    pack, part, value, extend = RECORD.pack, _CRC_PART.pack, google_crc32c.value, google_crc32c.extend
-    parts: list[bytes] = [b""] * (2 * len(bodies))
-    parts[::2] = [pack(len(body), extend(value(part(rtype, ledger, entry)), body), rtype, ledger, entry)
-                  for entry, body in bodies.items()]
-    parts[1::2] = bodies.values()
-    return parts
+def encode_run(ledger: int, entry_ids: Sequence[int], sizes: Sequence[int], bodies: bytes) -> list[bytes]:
+    """One ADD_RUN record of `ledger`'s entries (ids, body sizes, the bodies back to back) as the
+    parts Journal.append takes; the bodies are passed on, not copied."""
+    n = len(entry_ids)
+    index = struct.pack(f">{n}q{n}I", *entry_ids, *sizes)
+    crc = google_crc32c.extend(google_crc32c.extend(google_crc32c.value(_CRC_PART.pack(_ADD_RUN, ledger, n)), index),
+                               bodies)
+    return [RECORD.pack(len(index) + len(bodies), crc, _ADD_RUN, ledger, n), index, bodies]
+
+
+def _run_index(n: int, body: bytes) -> tuple | None:
+    """An ADD_RUN body's entry ids then body sizes, None if they do not fit the body."""
+    if n < 0 or 12 * n > len(body):
+        return None
+    fields = struct.unpack_from(f">{n}q{n}I", body)
+    return fields if 12 * n + sum(fields[n:]) == len(body) else None
+
+
+def _run_entries(record: Record) -> Iterator[Record]:
+    """The ADD records of an ADD_RUN record whose index scan_file checked."""
+    n = record.entry
+    body = record.body
+    fields = _run_index(n, body)
+    pos = 12 * n
+    for eid, size in zip(fields[:n], fields[n:]):
+        yield Record(_ADD, record.ledger, eid, body[pos:pos + size])
+        pos += size
 
 
 def require_room(fd: int, need: int, what: str) -> None:
@@ -169,7 +195,8 @@ def is_space_error(exc: BaseException) -> bool:
 
 def encode_record(rtype: int, ledger: int, entry: int, body: bytes = b"") -> bytes:
     """One journal record as bytes."""
-    return b"".join(encode_records(rtype, ledger, {entry: body}))
+    crc = google_crc32c.extend(google_crc32c.value(_CRC_PART.pack(rtype, ledger, entry)), body)
+    return RECORD.pack(len(body), crc, rtype, ledger, entry) + body
 
 
 def journal_path(directory: Path, seq: int) -> Path:
@@ -392,6 +419,8 @@ def scan_file(path: Path, start: int, is_last: bool, accept_cut: bool = False) -
                 actual = google_crc32c.extend(google_crc32c.value(data[pos + 8:pos + RECORD_HEADER]), body)
                 if actual != crc or rtype not in _TYPES:
                     reason = "checksum mismatch" if actual != crc else f"unknown record type {rtype}"
+                elif rtype == _ADD_RUN and _run_index(entry, body) is None:
+                    reason = "a run record whose entry sizes do not add up to its body"
         if prealloc and end + RECORD_HEADER > size:
             # a preallocated file always has room for what was written and a zeroed header after it
             if accept_cut:
@@ -414,16 +443,18 @@ def scan_file(path: Path, start: int, is_last: bool, accept_cut: bool = False) -
 
 
 _TYPES = {int(t) for t in RecordType}
-_FILE_HEADER = int(RecordType.FILE_HEADER)
 
 
 def replay(directory: Path, mark: Mark, accept_loss: bool = False) -> Iterator[Record]:
-    """Every data record from the mark on, oldest first (torn tail cut off, corruption refused).
-    With accept_loss, a cut file's end is taken as its end (the caller reported the gap)."""
+    """Every data record from the mark on, oldest first (torn tail cut off, corruption refused),
+    a run's entries as ADD records. With accept_loss, a cut file's end is taken as its end (the
+    caller reported the gap)."""
     files = [(seq, p) for seq, p in journal_files(directory) if seq >= mark.seq]
     for i, (seq, path) in enumerate(files):
         for rec in scan_file(path, mark.offset if seq == mark.seq else 0, i == len(files) - 1, accept_loss):
-            if rec.type != _FILE_HEADER:
+            if rec.type == _ADD_RUN:
+                yield from _run_entries(rec)
+            elif rec.type != _FILE_HEADER:
                 yield rec
 
 

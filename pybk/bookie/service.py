@@ -484,7 +484,7 @@ def _unpack(batch: pb.AddBatch) -> tuple[list[AddRun], list]:
             continue
         ends = list(accumulate(sizes))
         runs.append(AddRun(r.ledger_id, r.master_key, r.flags, ids,
-                           [buf[a:b] for a, b in zip(chain((0,), ends), ends)]))
+                           [buf[a:b] for a, b in zip(chain((0,), ends), ends)], buf))
         layout.append(n)
         n += len(ids)
     layout.append(n)

@@ -10,7 +10,7 @@ import pytest
 
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
-from pybk.bookie.journal import journal_files, read_mark, scan_file
+from pybk.bookie.journal import RecordType, journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
 from pybk.proto import pb
 
@@ -89,7 +89,8 @@ async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookie
     bk, = bookies(1, registration_ttl=TTL, checkpoint_interval=3600, journal_prealloc_size=0)
     await allocate(metadata_uri, [21], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
-        await asyncio.gather(*(c.add(21, i, body(21, i, i - 1), master_key=KEY) for i in range(100)))
+        await asyncio.gather(*(c.add(21, i, body(21, i, i - 1), master_key=KEY) for i in range(99)))
+        await c.add(21, 99, body(21, 99, 98), master_key=KEY)  # a record of its own, the last
     await asyncio.to_thread(bk.kill)
     path = _journal_with_records(bk)
     records = []
@@ -99,7 +100,7 @@ async def test_torn_journal_tail_replays_and_corrupt_middle_refuses_start(bookie
         offset += 25 + len(rec.body)
     assert offset == path.stat().st_size
     last_offset, last = records[-1]
-    assert last.entry == 99
+    assert (last.type, last.entry, last.body[:8]) == (RecordType.ADD_RUN, 1, (99).to_bytes(8, "big"))
     with open(path, "r+b") as f:
         f.truncate(last_offset + 25 + len(last.body) // 2)  # cut mid-record
     await asyncio.to_thread(bk.start)

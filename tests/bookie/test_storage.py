@@ -12,7 +12,7 @@ from pybk import entry
 from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, Mark, RecordType, encode_record,
-                                 encode_records, journal_files, replay)
+                                 encode_run, journal_files, replay)
 from pybk.bookie.state import LedgerKeys, LedgerState, admit_new_key
 from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
@@ -118,17 +118,19 @@ async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
     assert str(path) in str(err.value) and f"offset {FILE_HEADER_SIZE + 225}" in str(err.value)
 
 
-async def test_a_batch_of_records_is_the_single_records_back_to_back_replayed_in_order(tmp_path):
-    bodies = {5: b"a" * 10, 3: b"", 9: b"c" * 300}
-    parts = encode_records(RecordType.ADD, 7, bodies)
-    assert b"".join(parts) == b"".join(encode_record(RecordType.ADD, 7, e, b) for e, b in bodies.items())
-    assert all(any(p is b for p in parts) for b in bodies.values() if b)  # bodies are passed, not copied
+async def test_a_run_is_one_record_of_its_bodies_as_given_replayed_as_its_entries_in_order(tmp_path):
+    ids, bodies = [5, 3, 9, 4], [b"a" * 10, b"", b"c" * 300, b"d"]
+    packed = b"".join(bodies)
+    parts = encode_run(7, ids, [len(b) for b in bodies], packed)
+    assert parts[-1] is packed  # the bodies are passed on, not copied
     j = Journal(tmp_path)
     j.open()
-    await j.append(parts, sum(map(len, parts)))
+    await j.append([encode_record(RecordType.MASTER_KEY, 7, -1, b"k"), *parts])
+    await j.append(encode_run(8, [0], [2], b"zz"))
     await j.close()
     assert [(r.type, r.ledger, r.entry, r.body) for r in replay(tmp_path, Mark(0, 0))] == [
-        (RecordType.ADD, 7, e, b) for e, b in bodies.items()]
+        (RecordType.MASTER_KEY, 7, -1, b"k"), *[(RecordType.ADD, 7, e, b) for e, b in zip(ids, bodies)],
+        (RecordType.ADD, 8, 0, b"zz")]
 
 
 def test_write_cache_counts_each_entry_once_even_when_rewritten():
