@@ -323,18 +323,22 @@ class GrpcStream(asyncio.Protocol):
         self._pump()
 
     def _pump(self) -> None:
-        """Send queued message bytes as DATA frames while both windows allow."""
+        """Send queued message bytes as DATA frames while both windows allow, with one
+        writelines (a batch's frames cost one system call, not one each)."""
         transport, out = self._transport, self._out
         if transport is None:
             return
+        parts: list = []
         while out:
             room = min(self._send_window, self._stream_window, self._max_frame, self._out_bytes)
             if room <= 0:
-                return
+                break
             self._send_window -= room
             self._stream_window -= room
             self._out_bytes -= room
-            transport.writelines(data_frame(out, room, STREAM))
+            parts += data_frame(out, room, STREAM)
+        if parts:
+            transport.writelines(parts)
 
     def _send(self, frame: bytes) -> None:
         if self._transport is not None:
