@@ -88,6 +88,8 @@ def encode(ledger_id: int, entry_id: int, lac: int, payload: bytes,
     `length` is the ledger's length through this entry (default: the payload's size, right for
     entry 0 and for callers that do not track it)."""
     header = HEADER.pack(ledger_id, entry_id, lac, len(payload) if length is None else length)
+    if digest_type is DigestType.CRC32C:  # every add runs this: _digest inlined saves a third of it
+        return b"".join((header, _CRC.pack(google_crc32c.extend(google_crc32c.value(header), payload)), payload))
     return b"".join((header, _digest(digest_type, password, header, payload), payload))
 
 
