@@ -53,8 +53,9 @@ _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _FRAME_SIZE_ERROR, _REFUSED, _COMPRESSION,
 class Handler(Protocol):
     """What a call's messages reach. Calls run on the loop and must not raise."""
 
-    def message(self, data: bytes) -> None:
-        """One request message, whole."""
+    def message(self, data: bytes | memoryview) -> None:
+        """One request message, whole: bytes, or a memoryview of a buffer of its own when it
+        spanned frames (nothing writes to it again)."""
 
     def end_of_input(self) -> None:
         """The client half-closed: no more messages."""

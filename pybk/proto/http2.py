@@ -227,9 +227,10 @@ def split_address(address: str) -> tuple[str, int]:
 
 class GrpcStream(asyncio.Protocol):
     """A client's gRPC bidi stream on its own HTTP/2 connection. Create with `open`; `write`
-    queues a message (before the connection is up too); answers reach `on_message(bytes)`, the
-    server's initial metadata `on_headers(list of (name, value))`, the end `on_end(code, details)`.
-    Callbacks run on the loop and must not raise."""
+    queues a message (before the connection is up too); answers reach `on_message(message)` (bytes,
+    or a memoryview for one that spanned frames: see MessageBuffer), the server's initial metadata
+    `on_headers(list of (name, value))`, the end `on_end(code, details)`. Callbacks run on the loop
+    and must not raise."""
 
     def __init__(self, authority: str, path: str, metadata: Sequence[tuple[str, str]], scheme: str,
                  on_message: Callable[[bytes], None], on_headers: Callable[[list], None], on_end: OnEnd,
