@@ -187,10 +187,8 @@ class MessageBuffer:
         """The messages that a DATA frame's `payload` completes, in order. MessageError for a
         compressed message (none is ever offered) or one above `limit` bytes."""
         buf = self._buf
-        if not buf and len(payload) >= 5 and payload[0] == 0 and U32.unpack_from(payload, 1)[0] == len(payload) - 5:
-            if len(payload) - 5 > limit:  # the usual case: one whole message in one frame
-                raise MessageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"received message larger than max ({len(payload) - 5} vs. {limit} bytes)")
+        if not buf and len(payload) >= 5 and U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+            _check_prefix(payload, limit)  # the usual case: one whole message in one frame
             return [bytes(payload[5:])]
         buf += payload
         out = []
