@@ -105,6 +105,7 @@ class Context:
     async def write(self, message) -> None:
         """Send one answer; returns once the connection has taken it (see the module's notes)."""
         call = self._call
+        await call.writable()  # a connection whose answers are backed up takes no new one either
         if call.finished:
             raise asyncio.CancelledError("the call is over")
         call.send(self._serialize(message))
@@ -215,9 +216,11 @@ class _Running:
         call, context, method = self.call, self.context, self.method
         try:
             result = await method.behavior(argument, context)
-            self.over = True
             if method.kind is Kind.UNARY and result is not None and not call.finished:
+                await call.writable()
+                self.over = True
                 call.send(method.serialize(result))
+            self.over = True
             call.finish()
         except AbortError:
             self.over = True
