@@ -526,6 +526,10 @@ class GrpcServerConnection(asyncio.Protocol):
         RST_STREAM instead, the one way to drop them); its handler learns it through closed()."""
         h2 = self._h2
         if h2 is not None and not self._closing and not call.finished:
+            if h2.queued_body_size(call.stream):  # answers queued in this read go out first if they can
+                out = h2.data_to_send()            # (its events are taken by the next flush)
+                if out:
+                    self._transport.write(out)
             if h2.queued_body_size(call.stream):
                 call.finished = True
                 rst = _CANCEL if code is grpc.StatusCode.CANCELLED else \

@@ -277,3 +277,34 @@ async def test_an_empty_continuation_flood_ends_the_connection_with_enhance_your
         await call.write(b"fine")
         await call.done_writing()
         assert [a async for a in call] == [b"fine"]
+
+
+async def test_a_ping_flood_from_a_client_that_reads_its_acks_ends_with_enhance_your_calm(served):
+    """libnghttp2 bounds only the acknowledgements left unread; a client that reads them is held
+    to the PING and SETTINGS rate."""
+    address, _, _ = served
+    raw = await Raw.connect(address)
+    goaway = asyncio.get_running_loop().create_task(raw.goaway())
+    sent = 0
+    for batch in range(100):   # at most 10,000 PINGs
+        if goaway.done():
+            break
+        raw.writer.write(http2.frame(http2.PING, 0, 0, batch.to_bytes(8, "big")) * 100)
+        sent += 100
+        await raw.writer.drain()
+        await asyncio.sleep(0.005)
+    code, why = await asyncio.wait_for(goaway, 20)
+    assert code == ENHANCE_YOUR_CALM and "PING" in why
+    assert sent <= ngh2_server.CONTROL_BURST + 1_000
+    raw.close()
+
+
+async def test_a_client_that_never_sends_its_preface_is_dropped(served, monkeypatch):
+    monkeypatch.setattr(ngh2_server, "HANDSHAKE_TIMEOUT", 0.3)
+    address, _, _ = served
+    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    raw = Raw(reader, writer)
+    code, why = await raw.goaway(timeout=10)
+    assert code == 0x1 and "preface" in why
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # then the connection closes
+    writer.close()
