@@ -549,8 +549,8 @@ class GrpcServerConnection(asyncio.Protocol):
         """Write what the engine has framed (within the client's windows), send the RST_STREAMs
         due after trailers, and apply the answer budget."""
         h2, transport = self._h2, self._transport
-        if h2 is None or transport is None:
-            return
+        if h2 is None or transport is None or transport.is_closing():
+            return  # a transport that failed a send: connection_lost is on its way
         try:
             while True:
                 out = h2.data_to_send()
