@@ -66,6 +66,7 @@ LINGER = 1.0                           # seconds a failed connection is drained 
 _NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _CANCEL, _ENHANCE_YOUR_CALM = 0x0, 0x1, 0x2, 0x8, 0xB
 _OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _QUOTE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+_PREFIX = struct.Struct(">BI")   # a gRPC message's prefix: compressed flag, length
 _SMALL = 4096   # answers up to this size are joined to their 5-byte prefix; bigger ones are not copied
 _CONFIG = ngh2.Configuration(
     auto_window_update=False,                 # credit follows consumption (acknowledge_received_data)
@@ -191,6 +192,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self.paused = False                 # the transport holds more than WRITE_LIMIT
         self.held = 0                       # request bytes received and not yet consumed, all calls
         self._backed_up = False             # answers above ANSWER_BUDGET: delivery and credit wait
+        self._queued = 0                    # answer bytes in the engine's queue at the last flush
         self._stalled: set[Call] = set()    # calls with requests or credit waiting for answers to drain
         self.waiting: set[Call] = set()     # calls whose handler awaits writable()
         self._resets: dict[int, int] = {}   # calls ended with trailers: RST_STREAM code once they are out
@@ -400,7 +402,7 @@ class GrpcServerConnection(asyncio.Protocol):
         arriving (spanning frames, possibly above the stream window) while the connection holds
         less than INBOUND_BUDGET. Nothing while answers are backed up, on the connection or on the
         call (the call is looked at again as they drain)."""
-        if self._backed_up or self._h2.queued_body_size(call.stream) > CALL_ANSWER_BUDGET:
+        if self._backed_up or (self._queued and self._h2.queued_body_size(call.stream) > CALL_ANSWER_BUDGET):
             self._stalled.add(call)
             return
         target = call.received if call.message and self.held <= INBOUND_BUDGET else call.taken
@@ -490,12 +492,11 @@ class GrpcServerConnection(asyncio.Protocol):
         if h2 is None or self._closing:
             return
         n = len(message)
-        prefix = b"\x00" + n.to_bytes(4, "big")
         try:
             if n <= _SMALL:
-                h2.send_data(call.stream, prefix + message)
+                h2.send_data(call.stream, _PREFIX.pack(0, n) + message)
             else:
-                h2.send_data(call.stream, prefix)
+                h2.send_data(call.stream, _PREFIX.pack(0, n))
                 h2.send_data(call.stream, message)
         except ngh2.StreamProtocolError:
             return
@@ -595,7 +596,8 @@ class GrpcServerConnection(asyncio.Protocol):
         h2, transport = self._h2, self._transport
         if h2 is None or transport is None or self._closing:
             return
-        backlog = h2.queued_body_size() + transport.get_write_buffer_size()
+        self._queued = h2.queued_body_size()
+        backlog = self._queued + transport.get_write_buffer_size()
         if backlog > ANSWER_LIMIT:
             self._fail(_ENHANCE_YOUR_CALM, f"more than {ANSWER_LIMIT} bytes of answers left unread")
             return
