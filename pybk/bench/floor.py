@@ -48,6 +48,7 @@ class Server(enum.StrEnum):
     AIO = "aio"
     AIO_CONTEXT = "aio-context"
     H2 = "h2"
+    NGH2 = "ngh2"
     SYNC = "sync"
 
 
@@ -79,6 +80,8 @@ _SERVERS = {"aio": "grpc.aio server, an async generator per stream",
                            "(pybk's bookie writes its answers so)",
             "h2": "pybk's own HTTP/2 server (pybk.proto.h2server): frames read and answers written on the event "
                   "loop, no grpc.aio",
+            "ngh2": "the same server connections with libnghttp2 as HTTP/2 engine (pybk.transport.ngh2_server, "
+                    "the ngh2 package)",
             "sync": "grpc.server with a thread pool: a thread per stream iterating its requests"}
 _FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
            "dsync": "one os.write to a file opened with O_DSYNC", "none": "os.write only"}
@@ -176,8 +179,10 @@ async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, v
     await server.wait_for_termination()
 
 
-async def _serve_h2(port: int, write: Callable[[bytes], None]) -> None:
-    from pybk.proto.h2server import Call, GrpcServerConnection
+async def _serve_h2(port: int, write: Callable[[bytes], None], engine: str = "own") -> None:
+    from pybk.proto.grpc_server import connection_class
+    from pybk.proto.h2server import Call
+    connection = connection_class(engine)
 
     class Append:
         def __init__(self, call: Call):
@@ -197,7 +202,7 @@ async def _serve_h2(port: int, write: Callable[[bytes], None]) -> None:
         return Append(call) if call.path == _METHOD else None
 
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: GrpcServerConnection(route, 64 * 1024 * 1024), "127.0.0.1", port)
+    server = await loop.create_server(lambda: connection(route, 64 * 1024 * 1024), "127.0.0.1", port)
     await server.serve_forever()
 
 
@@ -393,8 +398,8 @@ def run(args: argparse.Namespace) -> int:
         write = _writer(args.serve[1], fsync)
         if args.server is Server.SYNC:
             _serve_sync(int(args.serve[0]), write, options)
-        elif args.server is Server.H2:
-            _run_loop(args.loop, _serve_h2(int(args.serve[0]), write))
+        elif args.server in (Server.H2, Server.NGH2):
+            _run_loop(args.loop, _serve_h2(int(args.serve[0]), write, "ngh2" if args.server is Server.NGH2 else "own"))
         else:
             _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server is Server.AIO_CONTEXT))
         return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import socket
 import ssl as _ssl
 from collections import deque
@@ -36,6 +37,21 @@ from pybk.security.auth import certificate_common_name
 from .h2server import Call, GrpcServerConnection
 
 log = logging.getLogger("pybk.proto.grpc_server")
+
+ENGINE_VARIABLE = "PYBK_HTTP2_ENGINE"
+ENGINES = ("own", "ngh2")  # pybk.proto.h2server (the default), pybk.transport.ngh2_server (libnghttp2)
+
+
+def connection_class(engine: str | None = None) -> type:
+    """The server connection class of an HTTP/2 engine: `engine`, else the PYBK_HTTP2_ENGINE
+    environment variable, else `own`. ValueError names an unknown one."""
+    engine = engine or os.environ.get(ENGINE_VARIABLE) or "own"
+    if engine == "own":
+        return GrpcServerConnection
+    if engine == "ngh2":
+        from pybk.transport.ngh2_server import GrpcServerConnection as Ngh2Connection
+        return Ngh2Connection
+    raise ValueError(f"HTTP/2 engine {engine!r} is not one of {', '.join(ENGINES)} ({ENGINE_VARIABLE})")
 
 _NOT_METADATA = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 
@@ -89,6 +105,7 @@ class Context:
     async def write(self, message) -> None:
         """Send one answer; returns once the connection has taken it (see the module's notes)."""
         call = self._call
+        await call.writable()  # a connection whose answers are backed up takes no new one either
         if call.finished:
             raise asyncio.CancelledError("the call is over")
         call.send(self._serialize(message))
@@ -105,17 +122,24 @@ class Context:
 
 
 class _Requests:
-    """A bidi call's requests as an async iterator, fed from the connection's read callback."""
+    """A bidi call's requests as an async iterator, fed from the connection's read callback; each
+    request taken from it is reported to `consumed` (its size on the wire), so that the connection
+    gives its flow-control credit back only then."""
 
-    def __init__(self, deserialize: Callable[[bytes], Any]):
+    def __init__(self, deserialize: Callable[[bytes], Any], consumed: Callable[[int], None]):
         self._deserialize = deserialize
+        self._consumed = consumed
         self._items: deque = deque()
         self._ended = False
         self._waiter: asyncio.Future | None = None
 
     def put(self, data: bytes) -> None:
-        self._items.append(self._deserialize(data))
+        self._items.append((self._deserialize(data), len(data) + 5))
         self._wake()
+
+    def clear(self) -> None:
+        """Drop what was not taken (the call is over)."""
+        self._items.clear()
 
     def end(self) -> None:
         self._ended = True
@@ -135,11 +159,17 @@ class _Requests:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
-        return self._items.popleft()
+        item, size = self._items.popleft()
+        self._consumed(size)
+        return item
 
 
 class _Running:
-    """The h2server Handler of one call: feeds its task and ends the call as the task ends."""
+    """The Handler of one call: feeds its task and ends the call as the task ends. It holds the
+    requests it is given (`holds_messages`): a bidi call's are consumed as its task iterates
+    them, a unary call's one request as its task starts."""
+
+    holds_messages = True
 
     def __init__(self, server: "Server", method: Method, call: Call):
         self.server, self.method, self.call = server, method, call
@@ -147,7 +177,7 @@ class _Running:
         self.task: asyncio.Task | None = None
         self.over = False  # the task is ending the call itself: closed() must not cancel it
         self.request: bytes | None = None  # a unary call's one request, until the client half-closes
-        self.requests = _Requests(method.deserialize) if method.kind is Kind.BIDI else None
+        self.requests = _Requests(method.deserialize, call.consumed) if method.kind is Kind.BIDI else None
         if self.requests is not None:
             self._start(self.requests)
 
@@ -171,9 +201,14 @@ class _Running:
                 self.over = True
                 self.call.finish(grpc.StatusCode.INVALID_ARGUMENT, f"{self.method.path} got no request message")
                 return
-            self._start(self.method.deserialize(self.request))
+            request, self.request = self.request, None
+            self.call.consumed(len(request) + 5)
+            self._start(self.method.deserialize(request))
 
     def closed(self) -> None:
+        self.request = None
+        if self.requests is not None:
+            self.requests.clear()
         if self.task is not None and not self.over:
             self.task.cancel()
 
@@ -181,9 +216,11 @@ class _Running:
         call, context, method = self.call, self.context, self.method
         try:
             result = await method.behavior(argument, context)
-            self.over = True
             if method.kind is Kind.UNARY and result is not None and not call.finished:
+                await call.writable()
+                self.over = True
                 call.send(method.serialize(result))
+            self.over = True
             call.finish()
         except AbortError:
             self.over = True
@@ -200,10 +237,12 @@ class _Running:
 
 class Server:
     """Serves `methods` on a listening socket, with the lifecycle of grpc.aio.Server: `start`,
-    then `stop(grace)`. TLS with `ssl` (an SSLContext offering ALPN h2)."""
+    then `stop(grace)`. TLS with `ssl` (an SSLContext offering ALPN h2). `engine` chooses the
+    HTTP/2 engine (see connection_class)."""
 
     def __init__(self, methods: list[Method], sock: socket.socket, max_message_bytes: int,
-                 ssl: _ssl.SSLContext | None = None):
+                 ssl: _ssl.SSLContext | None = None, engine: str | None = None):
+        self._connection_class = connection_class(engine)
         self._methods = {m.path: m for m in methods}
         self._max_message = max_message_bytes
         self._ssl = ssl
@@ -224,7 +263,7 @@ class Server:
         return _Running(self, method, call) if method is not None else None
 
     def _connection(self) -> GrpcServerConnection:
-        conn = GrpcServerConnection(self._route, self._max_message, on_close=self._connections.discard)
+        conn = self._connection_class(self._route, self._max_message, on_close=self._connections.discard)
         self._connections.add(conn)
         return conn
 

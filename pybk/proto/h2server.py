@@ -105,6 +105,10 @@ class Call:
         self.send_headers()
         self._conn.send_message(self, message)
 
+    def consumed(self, nbytes: int) -> None:
+        """Nothing: this server credits requests as it takes them apart (the ngh2 engine credits
+        them when a holding handler says it consumed them)."""
+
     async def writable(self) -> None:
         """Return once every answer sent is handed to the connection and the connection is not
         holding more than its write limit: what a handler awaits after `send` so that a client that

@@ -20,6 +20,8 @@ _VARIANTS = [
     ["--server", "aio-context"],
     ["--server", "h2"],
     ["--client", "h2", "--server", "h2"],
+    ["--server", "ngh2"],
+    ["--client", "h2", "--server", "ngh2"],
     ["--client", "sync", "--server", "sync"],
     ["--fsync", "dsync"],
     ["--fsync", "none"],

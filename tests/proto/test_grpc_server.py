@@ -1,5 +1,6 @@
 """pybk's gRPC server (pybk.proto.grpc_server) runs handlers written as for grpc.aio, and gRPC's
-own clients see the codes, details, metadata and back-pressure they would from grpc.aio's server."""
+own clients see the codes, details, metadata and back-pressure they would from grpc.aio's server,
+on either HTTP/2 engine (pybk's own, libnghttp2's through ngh2)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,16 @@ def _same(b: bytes) -> bytes:
     return b
 
 
+@pytest.fixture(params=["own", "ngh2"])
+def engine(request) -> str:
+    """The HTTP/2 engine under test."""
+    if request.param == "ngh2":
+        pytest.importorskip("ngh2")
+    return request.param
+
+
 @pytest.fixture
-async def served():
+async def served(engine):
     """A server with a few methods on a loopback port: (address, the handlers' record)."""
     seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None}
 
@@ -54,7 +63,7 @@ async def served():
                Method("/t.T/Flood", Kind.SERVER_STREAM, _same, _same, flood),
                Method("/t.T/Count", Kind.BIDI, _same, _same, count)]
     sock = socket.create_server(("127.0.0.1", 0))
-    server = Server(methods, sock, 4 * 1024 * 1024)
+    server = Server(methods, sock, 4 * 1024 * 1024, engine=engine)
     await server.start()
     yield f"127.0.0.1:{sock.getsockname()[1]}", seen, server
     await server.stop(None)
