@@ -297,6 +297,10 @@ BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
            parse_size),
     Option("max_read_buffer_bytes", "bytes of read answers handed to gRPC and not yet taken by their clients, "
            "over all Read streams; further reads wait until slow readers take theirs", "64MiB", parse_size),
+    Option("max_client_memory", "bytes the bookie's gRPC port holds for all its clients together: requests "
+           "received ahead of their processing and answers not yet read; above half of it no client gets "
+           "flow-control credit ahead of processing, above all of it the connection holding the most is "
+           "ended (GOAWAY ENHANCE_YOUR_CALM)", "512MiB", parse_size),
     Option("read_stream_timeout", "seconds a Read stream may wait for its client to take the next answer "
            "before the bookie cancels it", 30.0, Number(float, 0.1)),
     Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "

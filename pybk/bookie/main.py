@@ -186,6 +186,7 @@ class BookieServer:
                         max_add_bytes_in_flight=cfg["max_add_bytes_in_flight"],
                         max_add_bytes_in_flight_per_connection=cfg["max_add_bytes_in_flight_per_connection"],
                         max_read_buffer_bytes=cfg["max_read_buffer_bytes"],
+                        max_client_memory=cfg["max_client_memory"],
                         read_stream_timeout=cfg["read_stream_timeout"])
         security = self.security
         service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits,

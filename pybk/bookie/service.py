@@ -46,6 +46,7 @@ class Limits:
     max_add_bytes_in_flight: int = 256 * 1024 * 1024
     max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
     max_read_buffer_bytes: int = 64 * 1024 * 1024
+    max_client_memory: int = 512 * 1024 * 1024
     read_stream_timeout: float = 30.0
 
 
@@ -181,6 +182,12 @@ class BookieService(rpc.BookieServicer):
                 else grpc.StatusCode.PERMISSION_DENIED
             self.bookie.metrics.denied.labels(operation.value, code.name).inc()
             return None, code, f"{operation.value} refused: {exc.message}"
+
+    def identifies(self, context) -> bool:
+        """Whether a call carries a credential this bookie knows (any role; True with authentication
+        off): its connection is then given its full flow-control window and memory budget."""
+        auth = self.authenticator
+        return auth is None or auth.knows_grpc(context)
 
     async def _authorize(self, context, operation: Operation) -> Principal:
         """The caller's Principal if it may perform `operation`; otherwise the call ends
@@ -696,4 +703,5 @@ def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext
     """The bookie's gRPC server on a listening socket, over TLS with `tls` (an SSLContext
     offering ALPN h2, certificates following their files). A message bigger than the service's
     max_message_size ends its call RESOURCE_EXHAUSTED."""
-    return Server(_methods(service), sock, service.limits.max_message_size, tls)
+    return Server(_methods(service), sock, service.limits.max_message_size, tls,
+                  budget_bytes=service.limits.max_client_memory, identify=service.identifies)

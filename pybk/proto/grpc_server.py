@@ -34,6 +34,8 @@ import grpc
 
 from pybk.security.auth import certificate_common_name
 
+from pybk.transport.budget import ProcessBudget
+
 from .h2server import Call, GrpcServerConnection
 
 log = logging.getLogger("pybk.proto.grpc_server")
@@ -52,6 +54,9 @@ def connection_class(engine: str | None = None) -> type:
         from pybk.transport.ngh2_server import GrpcServerConnection as Ngh2Connection
         return Ngh2Connection
     raise ValueError(f"HTTP/2 engine {engine!r} is not one of {', '.join(ENGINES)} ({ENGINE_VARIABLE})")
+
+# what the server holds for all its clients at most (requests ahead of consumption, unread answers)
+DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
 
 _NOT_METADATA = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 
@@ -226,9 +231,10 @@ class _Running:
             self.over = True
             call.finish(context._code or grpc.StatusCode.UNKNOWN, context._details)
         except asyncio.CancelledError:
+            # not re-raised: the task ends with no exception kept, so its frames (and the requests
+            # they hold) are freed at once instead of at the next garbage collection
             self.over = True
             call.abandon(grpc.StatusCode.CANCELLED, "the call was cancelled")
-            raise
         except Exception as exc:  # noqa: BLE001 - a handler's fault ends its call, never the server
             self.over = True
             log.exception("%s from %s failed", method.path, context.peer())
@@ -241,8 +247,11 @@ class Server:
     HTTP/2 engine (see connection_class)."""
 
     def __init__(self, methods: list[Method], sock: socket.socket, max_message_bytes: int,
-                 ssl: _ssl.SSLContext | None = None, engine: str | None = None):
+                 ssl: _ssl.SSLContext | None = None, engine: str | None = None,
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES, identify: Callable[[Context], bool] | None = None):
         self._connection_class = connection_class(engine)
+        self._budget = ProcessBudget(budget_bytes)
+        self._identify = identify
         self._methods = {m.path: m for m in methods}
         self._max_message = max_message_bytes
         self._ssl = ssl
@@ -259,11 +268,14 @@ class Server:
         return task
 
     def _route(self, call: Call) -> _Running | None:
+        if self._identify is None or self._identify(Context(call, None)):
+            call.trust_connection()
         method = self._methods.get(call.path)
         return _Running(self, method, call) if method is not None else None
 
     def _connection(self) -> GrpcServerConnection:
-        conn = self._connection_class(self._route, self._max_message, on_close=self._connections.discard)
+        conn = self._connection_class(self._route, self._max_message, on_close=self._connections.discard,
+                                      budget=self._budget)
         self._connections.add(conn)
         return conn
 

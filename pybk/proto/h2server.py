@@ -91,6 +91,9 @@ class Call:
     def ssl_object(self):
         return self._conn.ssl_object
 
+    def trust_connection(self) -> None:
+        """A known credential: this engine gives every connection its full window from the start."""
+
     def send_headers(self, metadata: list[tuple[str, str]] = ()) -> None:
         """Send the answer's initial metadata now (else it goes with the first message)."""
         if not self.sent_headers and not self.finished:
@@ -149,7 +152,7 @@ class GrpcServerConnection(asyncio.Protocol):
     does not exist, answered UNIMPLEMENTED); it may answer the call itself with `call.finish`."""
 
     def __init__(self, route: Callable[[Call], Handler | None], max_message_bytes: int,
-                 on_close: Callable[["GrpcServerConnection"], None] | None = None):
+                 on_close: Callable[["GrpcServerConnection"], None] | None = None, budget=None):
         self._route = route
         self._max_message = max_message_bytes
         self._on_close = on_close
