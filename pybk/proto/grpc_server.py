@@ -1,4 +1,5 @@
-"""A gRPC server on pybk's own HTTP/2 connections (h2server), in place of grpc.aio.Server.
+"""A gRPC server on an HTTP/2 engine of pybk's choosing (libnghttp2 through ngh2 by default, see
+connection_class), in place of grpc.aio.Server.
 
 Why: grpc.aio's server hands every message and every answer between gRPC's threads and the event
 loop; a bookie spent about half of its busy time there at window 1. Here a call's messages reach
@@ -14,9 +15,10 @@ client that resets the call or goes away cancels the task; a handler that raises
 UNKNOWN, logged. `context.write` returns once the answer is handed to the connection within the
 client's windows, so a slow reader slows its handler instead of piling answers up here.
 
-Who may call: this layer authenticates nobody; the handlers decide with `invocation_metadata()`
-(bearer tokens) and `auth_context()` (the verified client certificate's common name), as they
-would under grpc.aio.
+Who may call: the handlers decide with `invocation_metadata()` (bearer tokens) and
+`auth_context()` (the verified client certificate's common name), as they would under grpc.aio.
+This layer only asks `identify` at each call's HEADERS whether its credential is one the server
+knows, to give its connection the full window and budget (see pybk.transport.ngh2_server).
 """
 from __future__ import annotations
 
@@ -41,13 +43,13 @@ from .h2server import Call, GrpcServerConnection
 log = logging.getLogger("pybk.proto.grpc_server")
 
 ENGINE_VARIABLE = "PYBK_HTTP2_ENGINE"
-ENGINES = ("own", "ngh2")  # pybk.proto.h2server (the default), pybk.transport.ngh2_server (libnghttp2)
+ENGINES = ("ngh2", "own")  # pybk.transport.ngh2_server (libnghttp2, the default), pybk.proto.h2server
 
 
 def connection_class(engine: str | None = None) -> type:
     """The server connection class of an HTTP/2 engine: `engine`, else the PYBK_HTTP2_ENGINE
-    environment variable, else `own`. ValueError names an unknown one."""
-    engine = engine or os.environ.get(ENGINE_VARIABLE) or "own"
+    environment variable, else `ngh2`. ValueError names an unknown one."""
+    engine = engine or os.environ.get(ENGINE_VARIABLE) or "ngh2"
     if engine == "own":
         return GrpcServerConnection
     if engine == "ngh2":
