@@ -225,6 +225,9 @@ class GrpcServerConnection(asyncio.Protocol):
             return
         self._closing = True
         transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, code) + why.encode()))
+        calls, self._calls = self._calls, {}  # the calls in flight end with the connection, and their
+        for call in calls.values():           # handlers learn it now: nothing is written after the EOF
+            self._drop(call)
         try:
             if transport.can_write_eof():
                 transport.write_eof()
@@ -444,12 +447,12 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- sending ------------------------------------------------------------------------------
 
     def send_headers(self, stream: int, block: list[tuple[str, str]]) -> None:
-        if self._transport is not None:
+        if self._transport is not None and not self._closing:
             self._transport.writelines(header_frames(self._encoder.encode(block), stream, 0, self._max_frame))
 
     def send_message(self, call: Call, message: bytes) -> None:
         transport = self._transport
-        if transport is None:
+        if transport is None or self._closing:  # closing: its EOF is written, a write would raise
             return
         size = len(message) + 5
         if not call.out and size <= self._max_frame and size <= self._send_window and size <= call.window:
@@ -468,7 +471,7 @@ class GrpcServerConnection(asyncio.Protocol):
         """Send a call's queued answer bytes as DATA frames while both windows allow, then its
         trailers once nothing is queued."""
         transport, out = self._transport, call.out
-        if transport is None:
+        if transport is None or self._closing:
             return
         while out:
             room = min(self._send_window, call.window, self._max_frame, call.out_bytes)
@@ -500,6 +503,9 @@ class GrpcServerConnection(asyncio.Protocol):
 
     @staticmethod
     def _drop(call: Call) -> None:
+        """The call is over without trailers: its answers dropped, its writes refused from now on
+        (`finished`), its handler told once."""
+        call.finished = True
         call.out.clear()
         call.out_bytes = 0
         if call._writable is not None:

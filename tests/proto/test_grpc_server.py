@@ -3,12 +3,16 @@ own clients see the codes, details, metadata and back-pressure they would from g
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import struct
 
 import grpc
+import hpack
 import pytest
 from polling import eventually
 
+from pybk.proto import http2
 from pybk.proto.grpc_server import Kind, Method, Server
 
 ANSWER = 1024 * 1024
@@ -21,7 +25,8 @@ def _same(b: bytes) -> bytes:
 @pytest.fixture
 async def served():
     """A server with a few methods on a loopback port: (address, the handlers' record)."""
-    seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None}
+    seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None, "release": asyncio.Event(),
+                  "late": []}
 
     async def echo(request: bytes, context):
         seen["metadata"], seen["peer"] = dict(context.invocation_metadata()), context.peer()
@@ -42,6 +47,15 @@ async def served():
             seen["cancelled"] += 1
             raise
 
+    async def late(request: bytes, context):
+        try:
+            await seen["release"].wait()
+            seen["late"].append("answering")
+            return b"too late"
+        except asyncio.CancelledError:
+            seen["late"].append("cancelled")
+            raise
+
     async def count(requests, context):
         n = 0
         async for r in requests:
@@ -52,7 +66,8 @@ async def served():
                Method("/t.T/Refuse", Kind.UNARY, _same, _same, refuse),
                Method("/t.T/Broken", Kind.UNARY, _same, _same, broken),
                Method("/t.T/Flood", Kind.SERVER_STREAM, _same, _same, flood),
-               Method("/t.T/Count", Kind.BIDI, _same, _same, count)]
+               Method("/t.T/Count", Kind.BIDI, _same, _same, count),
+               Method("/t.T/Late", Kind.UNARY, _same, _same, late)]
     sock = socket.create_server(("127.0.0.1", 0))
     server = Server(methods, sock, 4 * 1024 * 1024)
     await server.start()
@@ -126,3 +141,32 @@ async def test_stop_ends_running_calls_after_the_grace_and_refuses_new_connectio
     with pytest.raises(OSError):
         host, port = address.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+async def test_a_call_in_flight_when_its_connection_ends_is_cancelled_and_writes_nothing(served, caplog):
+    """A client that sends GOAWAY ends its connection here; a handler still running must not
+    write after the connection's EOF (that raised "Cannot call writelines() after write_eof()"
+    from the handler's task, an exception nobody retrieved)."""
+    address, seen, _ = served
+    loop = asyncio.get_running_loop()
+    unhandled: list = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Late"),
+                                      (":authority", "x"), ("content-type", "application/grpc")])
+    writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
+                 + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, headers)
+                 + http2.frame(http2.DATA, http2.END_STREAM, 1, b"\x00" + struct.pack(">I", 2) + b"go"))
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the call is running, waiting to answer
+    writer.write(http2.frame(http2.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    await writer.drain()
+    with caplog.at_level(logging.ERROR, logger="pybk.proto.grpc_server"):
+        await asyncio.sleep(0.2)  # the connection is ending (the server reads on for a second)
+        seen["release"].set()
+        await eventually(lambda: seen["late"], timeout=10, interval=0.01, what="the handler's end")
+        await asyncio.sleep(0.1)
+    assert seen["late"] == ["cancelled"]
+    assert [r.getMessage() for r in caplog.records] == [] and unhandled == []
+    assert await reader.read() != b""  # the server's SETTINGS and GOAWAY, then the end
+    writer.close()
