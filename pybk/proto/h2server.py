@@ -170,6 +170,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self.paused = False                 # the transport holds more than its write limit
         self._going_away = False            # GOAWAY sent: no new calls
+        self.received = 0                   # reads from the client: the server's keepalive watches it
 
     # ---- connection ---------------------------------------------------------------------------
 
@@ -203,6 +204,16 @@ class GrpcServerConnection(asyncio.Protocol):
             self._drop(call)
         if self._on_close is not None:
             self._on_close(self)
+
+    @property
+    def spoke(self) -> bool:
+        """Whether the client's connection preface arrived (the server's handshake timeout)."""
+        return self._preface
+
+    def ping(self) -> None:
+        """Send a PING (the server's keepalive): its ACK, like anything else read, counts in `received`."""
+        if self._transport is not None and not self._closing:
+            self._transport.write(frame(PING, 0, 0, b"pybk-srv"))
 
     def goaway(self) -> None:
         """Tell the client that no new call will be taken here (GOAWAY, no error); the calls
@@ -239,6 +250,7 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- receiving ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.received += 1
         if self._closing:
             return
         if not self._preface:

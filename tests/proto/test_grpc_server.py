@@ -13,7 +13,7 @@ import pytest
 from polling import eventually
 
 from pybk.proto import http2
-from pybk.proto.grpc_server import Kind, Method, Server
+from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
 
 ANSWER = 1024 * 1024
 
@@ -170,3 +170,69 @@ async def test_a_call_in_flight_when_its_connection_ends_is_cancelled_and_writes
     assert [r.getMessage() for r in caplog.records] == [] and unhandled == []
     assert await reader.read() != b""  # the server's SETTINGS and GOAWAY, then the end
     writer.close()
+
+
+async def _ended(source: str, port: int) -> bool:
+    """Connect from `source`: whether the server ends the connection at once (EOF or a reset)."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    except ConnectionResetError:
+        return True
+    try:
+        return await asyncio.wait_for(reader.read(), 0.5) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+async def test_connections_beyond_the_limits_are_refused_as_accepted_and_counted():
+    refused: list[str] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = Server([], sock, 1024, limits=ConnectionLimits(max_connections=3, max_connections_per_peer=2),
+                    on_refused=refused.append)
+    await server.start()
+    port = sock.getsockname()[1]
+    held = []
+    try:
+        for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3"):
+            held.append(await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
+        await eventually(lambda: server.connections == 3, timeout=10, interval=0.01, what="three held")
+        assert await _ended("127.0.0.4", port)  # a fourth in all
+        for _, w in held[1:]:
+            w.close()
+        await eventually(lambda: server.connections == 1, timeout=10, interval=0.01, what="two gone")
+        assert await _ended("127.0.0.2", port) is False  # its second
+        assert await _ended("127.0.0.3", port) is False
+        await eventually(lambda: server.connections == 1, timeout=10, interval=0.01, what="those gone")
+        held.append(await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)))
+        assert await _ended("127.0.0.2", port)  # a third from 127.0.0.2
+        assert refused == ["max_connections", "max_connections_per_peer"]
+    finally:
+        for _, w in held:
+            w.close()
+        await server.stop(None)
+
+
+async def test_an_idle_connection_gets_goaway_no_error_and_a_channel_calls_on():
+    closed: list[str] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    echo = Method("/t.T/Echo", Kind.UNARY, _same, _same, lambda request, context: _async(request))
+    server = Server([echo], sock, 1024, limits=ConnectionLimits(idle_timeout=0.5), on_closed=closed.append)
+    await server.start()
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        async with grpc.aio.insecure_channel(address) as ch:
+            for i in range(4):
+                assert await ch.unary_unary("/t.T/Echo")(b"%d" % i) == b"%d" % i
+                await eventually(lambda: len(closed) > i, timeout=10, interval=0.01, what="an idle close")
+        assert set(closed) == {"idle"}
+        await eventually(lambda: server.connections == 0, timeout=10, interval=0.01, what="the connections gone")
+    finally:
+        await server.stop(None)
+
+
+async def _async(value):
+    return value
