@@ -148,6 +148,34 @@ def test_the_shell_acts_as_a_reader_with_the_reader_token_from_the_environment(s
     assert "PERMISSION_DENIED" in test.stderr and "needs role writer" in test.stderr, test.stderr
 
 
+def test_simpletest_gives_its_ledger_a_password_and_the_library_refuses_one_without(secured):
+    """A secured cluster's ledgers all have passwords: simpletest makes one up (shown only when the
+    ledger is kept), and a library client with the cluster's settings refuses to create a ledger
+    without one."""
+    from pybk.client import BookKeeper, InsecureLedgerError
+    data_dir, _ = secured
+    test = pybk("shell", "simpletest", "-n", "5", "--data-dir", data_dir, "-o", "json")
+    assert test.returncode == 0, test.stderr
+    assert json.loads(test.stdout)["deleted"] and "password" not in json.loads(test.stdout)
+    kept = pybk("shell", "simpletest", "-n", "5", "--keep", "--data-dir", data_dir, "-o", "json")
+    assert kept.returncode == 0, kept.stderr
+    result = json.loads(kept.stdout)
+    assert len(result["password"]) >= 32
+    read = pybk("shell", "readledger", result["ledger_id"], "--password", result["password"], "--data-dir", data_dir,
+                "-o", "json")
+    assert read.returncode == 0 and len(json.loads(read.stdout)["entries"]) == 5, read.stderr
+    wrong = pybk("shell", "readledger", result["ledger_id"], "--data-dir", data_dir)
+    assert wrong.returncode == 1 and f"wrong password for ledger {result['ledger_id']}" in wrong.stderr
+
+    async def create_without_password() -> str:
+        cluster = read_client(data_dir)
+        async with await BookKeeper.connect(cluster.metadata_uri, security=cluster.security) as bk:
+            with pytest.raises(InsecureLedgerError) as refused:
+                await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            return str(refused.value)
+    assert asyncio.run(create_without_password()).startswith("refusing to create a ledger without a password")
+
+
 async def test_bookies_refuse_a_client_without_a_token(secured):
     from pybk.bookie.client import BookieAccessDeniedError, BookieClient, BookieUnavailableError
     data_dir, doc = secured
