@@ -115,6 +115,38 @@ def test_no_secret_is_on_any_process_command_line(secured):
     assert f"--auth-file {security.auth_file}" in bookie and f"--tls-ca {security.ca_cert}" in bookie
 
 
+def test_etcd_s_peer_port_speaks_tls_to_its_own_certificate_only(secured):
+    """A plaintext peer port would take raft messages from anyone who reaches it. It serves TLS,
+    and only a client certificate of the local CA with etcd's own common name gets through: not
+    a plaintext client, not one without a certificate, not another identity of the same CA."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    data_dir, doc = secured
+    argv = Path(f"/proc/{doc['etcd']['pid']}/cmdline").read_bytes().decode().split("\0")
+    peer = argv[argv.index("--listen-peer-urls") + 1]
+    assert peer.startswith("https://127.0.0.1:")
+    security = LocalSecurity.of(data_dir)
+
+    def members(url: str, who: Identity | None) -> object:
+        context = ssl.create_default_context(cafile=str(security.ca_cert)) if url.startswith("https") else None
+        if who is not None:
+            context.load_cert_chain(security.identity(who).cert, security.identity(who).key)
+        try:
+            with urllib.request.urlopen(url + "/members", timeout=10, context=context) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, ConnectionError, ssl.SSLError) as exc:
+            return exc
+
+    plaintext = members(peer.replace("https://", "http://"), None)
+    assert isinstance(plaintext, Exception) and "Remote end closed" in str(plaintext)
+    for who in (None, Identity.READER, Identity.BOOKIE):
+        refused = members(peer, who)
+        assert isinstance(refused, Exception) and "BAD_CERTIFICATE" in str(refused), (who, refused)
+    own = members(peer, Identity.ETCD)
+    assert [m["name"] for m in own] == ["pybk-etcd"] and own[0]["clientURLs"] == [doc["etcd"]["client_url"]]
+
+
 def test_shell_lists_and_reads_ledgers_through_tls_and_token(secured):
     data_dir, _ = secured
     written = asyncio.run(write_ledgers(read_client(data_dir), count=1))
