@@ -268,8 +268,14 @@ async def test_a_ledger_left_open_is_recovered_with_every_acked_entry(secured):
         await store.close()
 
 
-def _kill(pid: int) -> None:
-    os.killpg(pid, signal.SIGKILL)
+def _lose(bookie: dict) -> None:
+    """Lose a local bookie for good, as a node with its disk: its dirs go, then its process (kill
+    -9). The supervisor starts it again, as Kubernetes would, but with empty dirs it refuses to
+    start (its cookie in etcd names data it no longer has) and never registers."""
+    import shutil
+    for d in [bookie["journal_dir"], *bookie["ledger_dirs"]]:
+        shutil.rmtree(d)
+    os.killpg(bookie["pid"], signal.SIGKILL)
 
 
 async def _referencing(cluster: LocalClient, ledgers: list[int], bookie_id: str) -> list[int]:
@@ -289,7 +295,7 @@ async def test_autorecovery_replaces_a_lost_bookie_with_security_on(tmp_path, ch
         cluster = read_client(data_dir)
         written = await write_ledgers(cluster, count=4, leave_open=True)
         victim = [b for b in doc["bookies"] if await _referencing(cluster, list(written), b["id"])][0]
-        _kill(victim["pid"])
+        _lose(victim)
         async def moved_off() -> bool:
             return await _referencing(cluster, list(written), victim["id"]) == []
         await eventually(moved_off, timeout=120, what=f"autorecovery to move every ledger off {victim['id']}")
