@@ -176,6 +176,7 @@ class _Running:
 
     def _start(self, argument) -> None:
         self.task = self.server.spawn(self._run(argument), self.method.path)
+        self.task.add_done_callback(lambda _: self._ended())  # also a task cancelled before it began
 
     def message(self, data: bytes) -> None:
         if self.requests is not None:
@@ -227,8 +228,6 @@ class _Running:
             self.over = True
             log.exception("%s from %s failed", method.path, context.peer())
             call.abandon(grpc.StatusCode.UNKNOWN, f"unexpected {type(exc).__name__}: {exc}")
-        finally:
-            self._ended()
 
 
 class ServerConnection(Protocol):
