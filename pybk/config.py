@@ -303,6 +303,26 @@ BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
            "ended (GOAWAY ENHANCE_YOUR_CALM)", "512MiB", parse_size),
     Option("read_stream_timeout", "seconds a Read stream may wait for its client to take the next answer "
            "before the bookie cancels it", 30.0, Number(float, 0.1)),
+    Option("max_connections", "gRPC connections held at once, from all clients; one more is closed as soon "
+           "as it is accepted (before TLS), counted in pybk_bookie_connections_refused_total. Lowered at start to "
+           "what the open-files limit allows after reserved_descriptors. 0 = as many as that allows", 4096,
+           Number(int, 0)),
+    Option("max_connections_per_peer", "gRPC connections held at once from one IP address (clients behind one "
+           "NAT share theirs); one more is closed as it is accepted. 0 = no limit below max_connections", 512,
+           Number(int, 0)),
+    Option("reserved_descriptors", "file descriptors kept for the bookie's own files and calls (journal, entry "
+           "logs, index, checkpoints, admin HTTP, etcd, autorecovery's connections) whatever clients do: at start "
+           "the bookie raises its open-files limit to the hard limit, and max_connections is at most that limit "
+           "less this; the bookie refuses to start if fewer than 16 connections would be left", 1024,
+           Number(int, 0)),
+    Option("handshake_timeout", "seconds a new gRPC connection has to finish its TLS handshake and send the "
+           "HTTP/2 connection preface; then it is dropped (0 = no limit)", 10.0, Number(float, 0)),
+    Option("idle_timeout", "seconds a gRPC connection with no call open is kept; then the bookie closes it with "
+           "a GOAWAY (NO_ERROR) and clients reconnect for their next call (0 = kept)", 300.0, Number(float, 0)),
+    Option("keepalive_interval", "seconds a gRPC connection may be silent before the bookie sends it a PING "
+           "(0 = no PINGs; clients ping every 10 s themselves)", 60.0, Number(float, 0)),
+    Option("keepalive_timeout", "seconds the bookie waits for anything from a client after its PING; then it "
+           "drops the connection (a client gone without closing it)", 20.0, Number(float, 0.1)),
     Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
            "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, Number(float, 0)),
     Option("scrub_interval", "seconds between scrubs, which check every checkpointed entry against its "

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.grpc_server import Kind, Method, Server
+from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 
@@ -699,9 +699,18 @@ def _methods(service: BookieService) -> list[Method]:
     return methods
 
 
-def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext | None = None) -> Server:
+def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext | None = None,
+                connections: ConnectionLimits = ConnectionLimits()) -> Server:
     """The bookie's gRPC server on a listening socket, over TLS with `tls` (an SSLContext
-    offering ALPN h2, certificates following their files). A message bigger than the service's
-    max_message_size ends its call RESOURCE_EXHAUSTED."""
-    return Server(_methods(service), sock, service.limits.max_message_size, tls,
-                  budget_bytes=service.limits.max_client_memory, identify=service.identifies)
+    offering ALPN h2, certificates following their files), holding connections to `connections`
+    (counted in the bookie's metrics) and what it holds for clients to the service's
+    max_client_memory. A message bigger than the service's max_message_size ends its call
+    RESOURCE_EXHAUSTED."""
+    m = service.bookie.metrics
+    server = Server(_methods(service), sock, service.limits.max_message_size, tls, connections,
+                    on_refused=lambda reason: m.connections_refused.labels(reason).inc(),
+                    on_closed=lambda reason: m.connections_closed.labels(reason).inc(),
+                    budget_bytes=service.limits.max_client_memory, identify=service.identifies)
+    m.connections.set_function(lambda: server.connections)
+    m.connection_limit.set(connections.max_connections)
+    return server

@@ -203,6 +203,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
         self._spoke = False                 # the client's preface and SETTINGS arrived
+        self.received = 0                   # reads from the client: the server's keepalive watches it
         self._closing = False
         self._going_away = False
         self._timer: asyncio.TimerHandle | None = None
@@ -279,6 +280,17 @@ class GrpcServerConnection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
 
+    @property
+    def spoke(self) -> bool:
+        """Whether the client's connection preface and SETTINGS arrived (the server's handshake timeout)."""
+        return self._spoke
+
+    def ping(self) -> None:
+        """Send a PING (the server's keepalive): its ACK, like anything else read, counts in `received`."""
+        if self._h2 is not None and not self._closing:
+            self._h2.ping(b"pybk-srv")
+            self._written()
+
     def goaway(self) -> None:
         """Tell the client that no new call will be taken here (GOAWAY, no error); the calls
         running go on."""
@@ -331,6 +343,7 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- receiving ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.received += 1
         h2 = self._h2
         if self._closing or h2 is None:
             return
