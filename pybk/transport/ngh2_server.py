@@ -272,9 +272,6 @@ class GrpcServerConnection(asyncio.Protocol):
         self._transport = None
         if self._timer is not None:
             self._timer.cancel()
-        calls, self._calls = self._calls, {}
-        for call in calls.values():
-            self._drop(call)
         self._release()
         self._h2 = None
         if self._on_close is not None:
@@ -368,11 +365,15 @@ class GrpcServerConnection(asyncio.Protocol):
         self._flush()
 
     def _release(self) -> None:
-        """A closing connection lets go of the requests it holds at once (the calls themselves end
-        when the transport does), and of its share of the process budget."""
-        for call in self._calls.values():
+        """A closing connection ends its calls at once (their handlers learn it now: nothing is
+        written after the EOF) and lets go of what it holds, in the process budget too."""
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
             call.message = MessageBuffer()
             call.pending.clear()
+            call.finished = True
+            self._drop(call)
+        self._stalled.clear()
         self.held = self._answers = 0
         if self._budget is not None:
             self._budget.leave(id(self))

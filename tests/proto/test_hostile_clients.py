@@ -66,7 +66,7 @@ async def served():
 
 def _connection(server: Server):
     """The one client connection the server holds."""
-    conns = list(server._connections)
+    conns = [link.conn for link in server._links if link.conn is not None]
     assert len(conns) == 1
     return conns[0]
 
@@ -302,7 +302,7 @@ async def test_streams_whose_answers_are_never_read_stop_at_the_answer_budget(se
         stream = 1 + 2 * i
         raw.writer.write(raw.request(stream, "/t.T/Flood")
                          + http2.frame(http2.DATA, http2.END_STREAM, stream, request))
-    await eventually(lambda: server._connections and _connection(server).buffered > ngh2_server.ANSWER_BUDGET,
+    await eventually(lambda: server.connections and _connection(server).buffered > ngh2_server.ANSWER_BUDGET,
                      timeout=20, interval=0.05, what="the answers to back up")
     await asyncio.sleep(0.5)  # what more the server would take, it takes now
     conn = _connection(server)
