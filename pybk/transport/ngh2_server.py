@@ -67,7 +67,10 @@ ANSWER_LIMIT = 64 * 1024 * 1024        # answers not yet written before the conn
 WRITE_LIMIT = 1024 * 1024              # bytes the transport holds before handlers wait and reading pauses
 MAX_STREAMS = 1024                     # calls open at once (gRPC clients share one connection among calls)
 MAX_HEADER_LIST = 16 * 1024
-RESET_BURST, RESET_RATE = 500, 100.0       # streams a client may reset: at once, then per second
+# streams a client may reset before they ended: at once, then per second. A gRPC client cancels a call
+# it has what it needs from (pybk's own reads of one entry do), hundreds a second in a busy reader;
+# a rapid-reset attack runs at thousands a second
+RESET_BURST, RESET_RATE = 1000, 500.0
 CONTROL_BURST, CONTROL_RATE = 2000, 500.0  # PING and SETTINGS frames: at once, then per second
 HANDSHAKE_TIMEOUT = 10.0               # seconds to the client's connection preface and SETTINGS
 LINGER = 1.0                           # seconds a failed connection is drained before it closes
@@ -76,6 +79,9 @@ _NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _CANCEL, _ENHANCE_YOUR_CALM = 0x0, 
 _OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _QUOTE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 _PREFIX = struct.Struct(">BI")   # a gRPC message's prefix: compressed flag, length
+# what one data_to_send returns at most: each call builds its output in a fresh buffer, and one of a
+# 1 MiB answer (above malloc's mmap threshold) cost 1.9 ms of page faults against 0.26 ms in pieces
+_CHUNK = 64 * 1024
 _SMALL = 4096   # answers up to this size are joined to their 5-byte prefix; bigger ones are not copied
 _CONFIG = ngh2.Configuration(
     auto_window_update=False,                 # credit follows consumption (acknowledge_received_data)
@@ -590,8 +596,7 @@ class GrpcServerConnection(asyncio.Protocol):
         h2 = self._h2
         if h2 is not None and not self._closing and not call.finished:
             if h2.queued_body_size(call.stream):  # answers queued in this read go out first if they can
-                out = h2.data_to_send()            # (its events are taken by the next flush)
-                if out:
+                while out := h2.data_to_send(_CHUNK):  # (its events are taken by the next flush)
                     self._transport.write(out)
             if h2.queued_body_size(call.stream):
                 call.finished = True
@@ -616,8 +621,7 @@ class GrpcServerConnection(asyncio.Protocol):
             return  # a transport that failed a send: connection_lost is on its way
         try:
             while True:
-                out = h2.data_to_send()
-                if out:
+                while out := h2.data_to_send(_CHUNK):
                     transport.write(out)
                 events = h2.events()
                 if events:

@@ -326,7 +326,7 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
     code, why = await raw.goaway()
     longest = watch.stop()
     assert code == ENHANCE_YOUR_CALM, why
-    assert longest < 0.1, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"
+    assert longest < 0.25, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"  # before: 28 s
     raw.close()
     # and one frame with thousands of entries, on a connection of its own
     raw = await Raw.connect(address)
