@@ -236,7 +236,10 @@ async def test_up_stores_the_manifests_ledger_defaults_where_clients_find_them(c
 def test_a_bookie_killed_hard_is_started_again_with_back_off_and_status_counts_its_restarts(tmp_path, child_processes):
     """As a StatefulSet restarts its pod: kill -9 of a bookie brings it back after a second, with
     its data; killed again soon after, it comes back after twice the delay; `pybk local status`
-    shows the restarts and the last exit code."""
+    shows the restarts and the last exit code.
+
+    Slow: a local cluster and two kill-and-restart cycles of its bookie, 1 s and 2 s of back-off
+    (about 25 s with the machine loaded)."""
     import asyncio
     from pybk.client import BookKeeper
     from pybk.local.client import read_client
