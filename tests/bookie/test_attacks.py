@@ -17,18 +17,11 @@ import pytest
 from pybk.client import BookKeeper
 from pybk.meta import MetadataStore
 from polling import eventually
+from procfs import rss
 
 HOSTILE = Path(__file__).parents[1] / "hostile.py"
 MB = 1000 * 1000
 ENHANCE_YOUR_CALM = 0xB
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 class Writer:

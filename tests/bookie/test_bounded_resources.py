@@ -14,19 +14,11 @@ from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
 from pybk.proto import pb, rpc
 from polling import eventually
+from procfs import rss
 
 KEY = entry.master_key(b"bounds")
 MiB = 1024 * 1024
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-
-
-def rss(pid: int) -> int:
-    """Resident set size of a process in bytes (VmRSS of /proc/<pid>/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def body(ledger: int, eid: int, size: int = 64, lac: int | None = None) -> bytes:
