@@ -102,7 +102,10 @@ class Metrics:
             self.connections_closed.labels(reason)
         self.loop_lag = Histogram("pybk_event_loop_lag_seconds", "how late the event loop ran a timer "
                                   "(time it was busy with other work)",
-                                  buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
+                                  buckets=(.001, .005, .01, .05, .1, .2, .5, 1, 2.5, 5, 10), registry=r)
+        self.loop_lag_max = Gauge("pybk_event_loop_lag_max_seconds", "the longest event loop lag seen since the "
+                                  "bookie started (one stall, however rare, that a histogram's buckets blur)",
+                                  registry=r)
 
     def explain_read_only(self, reasons: Iterable[enum.Enum], current: Callable[[], Collection[enum.Enum]]) -> None:
         """pybk_bookie_read_only_reason{reason}: 1 for each of `reasons` in current(), asked at
@@ -131,13 +134,18 @@ class Metrics:
         self.journal_bytes.inc(nbytes)
 
     async def watch_loop_lag(self, interval: float = LOOP_LAG_INTERVAL) -> None:
-        """Run forever: sample how late a timer fires into pybk_event_loop_lag_seconds, and log a
-        lag that could cost leases or client timeouts."""
+        """Run forever: sample how late a timer fires into pybk_event_loop_lag_seconds (and the
+        longest into pybk_event_loop_lag_max_seconds), and log a lag that could cost leases or
+        client timeouts."""
         loop = asyncio.get_running_loop()
+        longest = 0.0
         while True:
             start = loop.time()
             await asyncio.sleep(interval)
             lag = max(loop.time() - start - interval, 0.0)
             self.loop_lag.observe(lag)
+            if lag > longest:
+                longest = lag
+                self.loop_lag_max.set(lag)
             if lag >= LOOP_LAG_WARNING:
                 log.warning("the event loop was busy for %.1fs", lag)
