@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import secrets
 import logging
@@ -318,6 +319,11 @@ class BookieServer:
         print(logformat.event_line(log.name, "ready", event="ready", bookie_id=self.bookie_id,
                                    grpc=self.grpc_endpoint, http=self.http_endpoint,
                                    event_loop=eventloop.running()), flush=True)
+        # what start-up made (modules, options, storage) lives as long as the bookie: out of the
+        # collector's sight, so that a full collection, which stops the loop, walks only what came
+        # after (4,096 connections held next to it: 200,000 objects, stalls of 0.2-0.5 s)
+        gc.collect()
+        gc.freeze()
         await self._stop.wait()
         log.info("stopping")
         self.serving = False

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
+from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 
@@ -29,6 +29,8 @@ from .keys import KeyGate
 from .state import KEY_MISSING, LOOKUP, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
+# refused calls and cancelled Read streams are as many as a client likes: a line per kind a minute
+noted = Throttled(logger=log)
 
 READ_BATCH_BYTES = 1024 * 1024        # bodies per read answer of ReadEntry messages
 PACKED_BATCH_BYTES = 3 * 1024 * 1024  # bodies per PACKED answer (at most a third of max_message_size): 1 -> 4
@@ -63,7 +65,10 @@ class ReadBuffer:
     held would pass the byte limit a new one waits, and if the oldest held one has waited longer
     than STUCK_SECONDS its stream is cancelled at once, so stuck readers cannot keep live ones
     waiting; a stream whose client takes nothing for `timeout` seconds is cancelled anyway. A
-    cancelled stream is reset (trailers CANCELLED, RST_STREAM), and its queued answer dropped."""
+    cancelled stream is reset (trailers CANCELLED, RST_STREAM), and its queued answer dropped.
+    Streams waiting for room wait in line: only the first is woken when room is freed, and only
+    it looks for a stuck stream (woken all at once, 2,000 waiting streams each scanned all the
+    others at every answer taken, and stalled the event loop half a second)."""
 
     STUCK_SECONDS = 1.0
 
@@ -72,8 +77,9 @@ class ReadBuffer:
         self.timeout = timeout
         self.used = 0
         self._writers: dict[asyncio.Task, float] = {}  # stream task -> when its write began
-        self._evicted: dict[asyncio.Task, str] = {}    # stream task -> why it is cancelled
+        self._evicted: dict[asyncio.Task, tuple[str, str]] = {}  # stream task -> (kind, why) it is cancelled
         self._freed = asyncio.Event()
+        self._line = asyncio.Lock()  # the streams waiting for room, first come first served
         self._sweeper: asyncio.Task | None = None
 
     async def reserve(self, nbytes: int) -> bool:
@@ -95,9 +101,10 @@ class ReadBuffer:
         try:
             await context.write(message)
         except asyncio.CancelledError:
-            why = self._evicted.get(task)
-            if why:
-                log.warning("%s %s: cancelling its stream", context.peer(), why)
+            evicted = self._evicted.get(task)
+            if evicted:
+                kind, why = evicted
+                noted.warn(kind, f"{context.peer()} {why}: cancelling its stream")
             raise
         finally:
             del self._writers[task]
@@ -109,8 +116,8 @@ class ReadBuffer:
         self.used -= nbytes
         self._freed.set()
 
-    def _evict(self, task: asyncio.Task, why: str) -> None:
-        self._evicted[task] = why
+    def _evict(self, task: asyncio.Task, kind: str, why: str) -> None:
+        self._evicted[task] = kind, why
         task.cancel()
 
     async def _sweep(self) -> None:
@@ -123,13 +130,25 @@ class ReadBuffer:
                 now = loop.time()
                 for task, since in list(self._writers.items()):
                     if now - since >= self.timeout and task not in self._evicted:
-                        self._evict(task, f"took no answer for {self.timeout:g}s (read_stream_timeout)")
+                        self._evict(task, "read-timeout", f"took no answer for {self.timeout:g}s (read_stream_timeout)")
         finally:
             self._sweeper = None
 
     async def _room(self, nbytes: int) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._line.acquire()
+        except TimeoutError:
+            return False
+        try:
+            return await self._first_in_line(nbytes, deadline)
+        finally:
+            self._line.release()
+
+    async def _first_in_line(self, nbytes: int, deadline: float) -> bool:
+        loop = asyncio.get_running_loop()
         while self.used and self.used + nbytes > self.limit:
             now = loop.time()
             if now >= deadline:
@@ -137,7 +156,7 @@ class ReadBuffer:
             stuck = [(since, t) for t, since in self._writers.items()
                      if now - since >= self.STUCK_SECONDS and t not in self._evicted]
             if stuck:
-                self._evict(min(stuck, key=lambda st: st[0])[1],
+                self._evict(min(stuck, key=lambda st: st[0])[1], "read-stuck",
                             f"took no answer while the read buffer ({self.limit} bytes, max_read_buffer_bytes) "
                             f"was full")
             self._freed.clear()
@@ -177,7 +196,8 @@ class BookieService(rpc.BookieServicer):
         try:
             return auth.authorize_grpc(context, operation), None, ""
         except AccessDenied as exc:
-            log.info("refused %s from %s: %s", operation.value, context.peer(), exc.message)
+            noted.emit(logging.INFO, f"refused {operation.value}", f"refused {operation.value} from {context.peer()}: "
+                                                                  f"{exc.message}")
             code = grpc.StatusCode.UNAUTHENTICATED if exc.denial is Denial.UNAUTHENTICATED \
                 else grpc.StatusCode.PERMISSION_DENIED
             self.bookie.metrics.denied.labels(operation.value, code.name).inc()
