@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test image-test demo proto bench e2e clean
+.PHONY: venv test test-fast image-test demo proto bench e2e clean
 
 venv: $(STAMP)
 
@@ -15,8 +15,18 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet -e '.[dev,spark,operator,local,bench,uvloop]'
 	touch $(STAMP)
 
-test: venv
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# Python processes keep their compiled modules (__pycache__, ignored by git): a test run starts hundreds of
+# pybk processes, and compiling pybk afresh for each cost about a quarter of a second of CPU.
+unexport PYTHONDONTWRITEBYTECODE
+
+# Tests run in a fixed order; SEED=N shuffles them with pytest-randomly's seed N (an isolation check).
+ORDER := $(if $(SEED),-p randomly --randomly-seed=$(SEED),-p no:randomly)
+
+test: venv  # every test, on two workers (real etcd, bookies, Spark, the operator process), then the 25 slowest
+	$(PY) -m pytest -q -p no:cacheprovider $(ORDER) -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+test-fast: venv  # the inner loop: only the tests that start no etcd, bookie, Spark or container process
+	$(PY) -m pytest -q -p no:cacheprovider $(ORDER) -m "not processes" $(PYTEST_ARGS)
 
 image-test: venv  # root + apt-get: builds the image with podman and runs it (docs/kubernetes.md); else says why, exit 0
 	$(PY) bookie_image/image_test.py

@@ -1,6 +1,12 @@
-"""Shared fixtures: real etcd and real pybk processes on free loopback ports, always cleaned up."""
+"""Shared fixtures: real etcd and real pybk processes on free loopback ports, always cleaned up.
+
+One etcd serves the whole session; each test sees it under a key prefix of its own (`etcd`), so
+tests cannot read each other's metadata. A test that stops, restarts, compacts or secures etcd
+is marked `private_etcd` and gets one of its own. Tiers: tests/tiers.py."""
 from __future__ import annotations
 
+import itertools
+import re
 import tempfile
 from pathlib import Path
 
@@ -9,6 +15,20 @@ import pytest
 from pybk.bookie.bookie import disk_fullness
 from pybk.config import BOOKIE
 from pybk.local.etcd import EtcdProcess
+from shared_etcd import EtcdNamespace
+from tiers import TierGuard, assign
+
+_guard = TierGuard()
+_namespaces = itertools.count()
+SLOW_SECONDS = 30.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "processes: starts etcd, bookie, Spark, operator or container "
+                                       "processes (set from the fixtures; `make test-fast` leaves these out)")
+    config.addinivalue_line("markers", "private_etcd: gets an etcd of its own, for a test that stops, "
+                                       "restarts, compacts or secures it")
+    _guard.install()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -25,14 +45,75 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     f"({int(total * (1 - used)) >> 30} GiB free now)", returncode=3)
 
 
-@pytest.fixture
-def etcd(tmp_path):
-    """A fresh single-member etcd for one test."""
-    proc = EtcdProcess(tmp_path / "etcd-data").start()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    assign(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _guard.current = item
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    """Teardown is not watched: a module's or session's fixtures end in whichever test comes last."""
+    _guard.current = None
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = (yield).get_result()
+    message = _guard.violations.pop(item.nodeid, None)
+    if message and not report.failed:
+        report.outcome, report.longrepr = "failed", message
+    if report.when == "call" and report.duration > SLOW_SECONDS and "Slow:" not in (item.obj.__doc__ or ""):
+        item.config.stash.setdefault(_unexplained_key, []).append((item.nodeid, report.duration))
+
+
+_unexplained_key = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    unexplained = config.stash.get(_unexplained_key, [])
+    if unexplained:
+        terminalreporter.section(f"tests over {SLOW_SECONDS:.0f} s whose docstring has no 'Slow:' line")
+        for nodeid, seconds in sorted(unexplained, key=lambda u: -u[1]):
+            terminalreporter.line(f"{seconds:6.1f}s {nodeid}")
+
+
+@pytest.fixture(scope="session")
+def child_processes() -> None:
+    """Declares that a test or fixture starts service processes: requesting it puts the test in
+    the full tier (tests/tiers.py). Every fixture below that starts one requests it."""
+
+
+@pytest.fixture(scope="session")
+def shared_etcd(tmp_path_factory, child_processes) -> EtcdProcess:
+    """The session's one etcd, behind every test's `etcd` namespace."""
+    proc = EtcdProcess(tmp_path_factory.mktemp("shared-etcd")).start()
     try:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def etcd(request, tmp_path, child_processes):
+    """The test's etcd: the shared one under a key prefix of the test's own, whose keys are
+    deleted after the test; with the `private_etcd` mark, a fresh single-member etcd of its own."""
+    if request.node.get_closest_marker("private_etcd"):
+        proc = EtcdProcess(tmp_path / "etcd-data").start()
+        try:
+            yield proc
+        finally:
+            proc.stop()
+        return
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:60]
+    view = EtcdNamespace(request.getfixturevalue("shared_etcd"), f"t{next(_namespaces)}-{name}")
+    yield view
+    view.clear()
 
 
 @pytest.fixture
@@ -42,7 +123,7 @@ def metadata_uri(etcd) -> str:
 
 
 @pytest.fixture
-def bookies(request, tmp_path):
+def bookies(request, tmp_path, child_processes):
     """Factory of real `pybk bookie` processes: `bookies(3)` starts three on free loopback ports,
     each in its own temp dirs, waits until they are ready, and stops them all after the test.
 

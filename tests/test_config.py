@@ -57,7 +57,7 @@ def test_flag_beats_environment_beats_file_beats_default(process, tmp_path):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_unknown_pybk_variable_is_rejected_naming_it(command):
+def test_unknown_pybk_variable_is_rejected_naming_it(command, child_processes):
     res = start(command, {"PYBK_NO_SUCH_SETTING": "1"})
     assert res.returncode == 2
     assert "PYBK_NO_SUCH_SETTING" in res.stderr.splitlines()[0]
@@ -69,7 +69,7 @@ def test_unknown_pybk_variable_is_rejected_naming_it(command):
     ("autorecovery", "PYBK_RECOVERY_PARALLEL_RUNS", "many"),
     ("operator", "PYBK_OPERATOR_REFRESH_INTERVAL", "soon"),
 ])
-def test_malformed_pybk_variable_is_rejected_naming_it(command, variable, value):
+def test_malformed_pybk_variable_is_rejected_naming_it(command, variable, value, child_processes):
     res = start(command, {variable: value})
     assert res.returncode == 2
     assert variable in res.stderr.splitlines()[0]
@@ -93,7 +93,7 @@ def test_variables_read_elsewhere_are_accepted(process):
     resolve(parse(process, argv), process, dict.fromkeys(ELSEWHERE, "x"))
 
 
-def test_every_pybk_variable_the_code_reads_is_declared():
+def test_every_pybk_variable_the_code_reads_is_declared(child_processes):
     declared = {o.variable for p in PROCESSES for o in p.options} | set(ELSEWHERE)
     sources = [*ROOT.glob("pybk/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bookie_image/*"),
                *ROOT.glob("spark_image/*"),

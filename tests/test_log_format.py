@@ -89,7 +89,7 @@ def test_log_format_names_the_two_formats():
         raise AssertionError("xml was accepted")
 
 
-def test_an_unknown_log_format_is_refused_at_start_naming_it(tmp_path):
+def test_an_unknown_log_format_is_refused_at_start_naming_it(tmp_path, child_processes):
     proc = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--log-format", "xml",
                            "--journal-dir", str(tmp_path / "j"), "--ledger-dir", str(tmp_path / "l")],
                           capture_output=True, text=True, timeout=60)
@@ -98,7 +98,7 @@ def test_an_unknown_log_format_is_refused_at_start_naming_it(tmp_path):
                                            "not a log format: 'xml' (use text or json)")
 
 
-def test_a_bookie_that_refuses_to_start_says_why_in_one_json_line(tmp_path):
+def test_a_bookie_that_refuses_to_start_says_why_in_one_json_line(tmp_path, child_processes):
     proc = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--log-format", "json",
                            "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key"),
                            "--journal-dir", str(tmp_path / "j"), "--ledger-dir", str(tmp_path / "l"),

@@ -39,7 +39,7 @@ def _floor(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("variant", _VARIANTS, ids=lambda v: " ".join(v) or "baseline")
-def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path, variant):
+def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path, variant, child_processes):
     out = _floor("--entries", "50", "--dir", str(tmp_path), "-o", "json", *variant)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -62,12 +62,12 @@ def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path
     assert list(tmp_path.iterdir()) == []  # the temp dir with the servers' files is gone
 
 
-def test_floor_bench_refuses_an_impossible_quorum():
+def test_floor_bench_refuses_an_impossible_quorum(child_processes):
     out = _floor("--ack-quorum", "4", timeout=60)
     assert out.returncode == 2 and "--ack-quorum" in out.stderr
 
 
-def test_floor_bench_refuses_a_grpc_option_without_a_value():
+def test_floor_bench_refuses_a_grpc_option_without_a_value(child_processes):
     out = _floor("--grpc-option", "grpc.enable_retries", timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("pybk bench floor: --grpc-option 'grpc.enable_retries' is not NAME=VALUE")

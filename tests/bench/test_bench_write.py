@@ -15,7 +15,7 @@ def bench_write(*args: str, timeout: float = 240) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_jetstream_runner_acks_every_message_it_was_asked_for_and_cleans_up(tmp_path):
+def test_jetstream_runner_acks_every_message_it_was_asked_for_and_cleans_up(tmp_path, child_processes):
     results = run_jetstream([(64, 300), (1, 40)], 512, str(tmp_path))
     assert [(r["run"], r["window"], r["entries"], r["size"]) for r in results] == [
         (f"{NAME} window=64", 64, 300, 512), (f"{NAME} window=1", 1, 40, 512)]
@@ -27,7 +27,7 @@ def test_jetstream_runner_acks_every_message_it_was_asked_for_and_cleans_up(tmp_
     assert list(tmp_path.iterdir()) == []  # the servers' store dirs are gone with the servers
 
 
-def test_peer_pairs_print_each_pair_the_medians_and_the_ratios(tmp_path):
+def test_peer_pairs_print_each_pair_the_medians_and_the_ratios(tmp_path, child_processes):
     out = bench_write("--peer-nats", "--repeat", "2", "--entries", "400", "--window1-entries", "30",
                       "--dir", str(tmp_path), "-o", "json")
     assert out.returncode == 0, out.stderr
@@ -62,7 +62,7 @@ def test_peer_pairs_print_each_pair_the_medians_and_the_ratios(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_repeated_rounds_print_each_round_then_medians_and_the_command(tmp_path):
+def test_repeated_rounds_print_each_round_then_medians_and_the_command(tmp_path, child_processes):
     out = bench_write("--peer-nats", "--repeat", "2", "--windows", "1", "--window1-entries", "20",
                       "--dir", str(tmp_path))
     assert out.returncode == 0, out.stderr

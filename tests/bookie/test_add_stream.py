@@ -141,7 +141,10 @@ async def test_a_stream_the_bookie_ends_with_an_error_fails_its_adds_naming_the_
 async def test_an_add_to_a_stalled_bookie_fails_once_its_keepalive_ping_goes_unanswered(bookies):
     """A bookie that is connected but silent (SIGSTOP) fails the adds in flight UNAVAILABLE after
     the keepalive (10 s of silence, then 5 s for the PING's answer), instead of holding them
-    forever; what it acked before is still there once it runs again."""
+    forever; what it acked before is still there once it runs again.
+
+    Slow: waits out the client's keepalive, 10 s of silence and 5 s for the PING's answer, as a real stall would.
+    """
     b, = bookies(1, metadata_uri=None)
     first = body(0, -1, 1000)
     async with await BookieClient.connect(b.address) as c:

@@ -36,7 +36,7 @@ def test_missing_and_bad_settings_name_the_option():
     assert parse_size("64KiB") == 65536 and parse_size("1GB") == 10 ** 9
 
 
-def test_help_explains_every_option():
+def test_help_explains_every_option(child_processes):
     out = subprocess.run([sys.executable, "-m", "pybk.cli", "bookie", "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     for opt in BOOKIE.options:

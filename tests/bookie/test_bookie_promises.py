@@ -296,6 +296,7 @@ async def test_reads_after_checkpoint_come_from_entry_log_also_after_restart(boo
     assert "pybk_bookie_reads_total 600.0" in metrics
 
 
+@pytest.mark.private_etcd
 async def test_bookie_serves_through_etcd_outage_and_registers_again(bookies, etcd, metadata_uri):
     bk, = bookies(1, registration_ttl=TTL)
     await allocate(metadata_uri, [71, 72], KEY)

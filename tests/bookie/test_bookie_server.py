@@ -174,7 +174,7 @@ async def test_range_read_with_step_returns_the_strided_entries_and_bad_steps_ar
         await c.close()
 
 
-async def test_ready_means_the_data_port_serves_adds_and_reads(tmp_path):
+async def test_ready_means_the_data_port_serves_adds_and_reads(tmp_path, child_processes):
     """The first moment /api/v1/bookie/is_ready answers 200, an add and a read through the gRPC port
     succeed at once (no retry, no wait for the channel)."""
     import time

@@ -277,7 +277,10 @@ async def test_the_ledger_list_is_paged(bookies):
 async def test_the_registration_outlives_a_busy_event_loop(bookies, metadata_uri):
     """With a 2 s lease, full ledger listings over 300,000 ledgers (seconds of work) do not cost
     the bookie its registration: its registry key never goes away, and the event loop lag is a
-    metric."""
+    metric.
+
+    Slow: it writes 300,000 ledger records and lists them twice, so the bookie's loop is busy for seconds.
+    """
     from pybk.meta import MetadataStore
     bk, = bookies(1, registration_ttl=2)
     async with await BookieClient.connect(bk.address, wait=30) as client:

@@ -166,7 +166,7 @@ async def test_entries_lost_with_the_journal_are_copied_back_by_autorecovery(boo
 
 
 @pytest.mark.parametrize("left", ["empty", "preallocated", "header-only"])
-async def test_a_journal_file_left_unused_by_a_stop_mid_roll_is_not_a_gap(tmp_path, left):
+async def test_a_journal_file_left_unused_by_a_stop_mid_roll_is_not_a_gap(tmp_path, left, child_processes):
     """A stop between creating a journal file and recording it in journal.head leaves a file
     without records: the next start removes it and goes on; every acked entry is there."""
     from pybk.bookie.bookie import Bookie, StorageOptions

@@ -17,7 +17,7 @@ def test_second_bookie_on_the_same_port_refuses_to_start(bookies, tmp_path):
     assert first.is_ready()
 
 
-def test_a_first_start_that_lost_its_free_port_moves_to_new_ports(tmp_path):
+def test_a_first_start_that_lost_its_free_port_moves_to_new_ports(tmp_path, child_processes):
     import socket
     proc = BookieProcess(tmp_path / "b")
     taken = proc.port

@@ -129,6 +129,7 @@ async def test_a_deleted_entry_log_drops_every_entry_it_held(bookies, metadata_u
     assert result["files_missing"] == [str(first)]
 
 
+@pytest.mark.private_etcd
 async def test_a_ledger_marking_that_failed_is_retried_until_etcd_takes_it(bookies, etcd, metadata_uri):
     b, = bookies(1)
     await allocate(metadata_uri, [1], MASTER_KEY)

@@ -168,7 +168,7 @@ def test_write_cache_bytes_are_exact_without_rewrites():
     assert (cache.count, cache.bytes) == (1, 1)
 
 
-async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path):
+async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path, child_processes):
     opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=0)  # file size = end of its records
     b = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
     await b.start()
@@ -224,7 +224,7 @@ async def test_a_rotted_entry_log_record_is_refused_and_the_others_still_read(tm
         await b.close()
 
 
-async def test_master_key_enforced_and_fence_durable(tmp_path):
+async def test_master_key_enforced_and_fence_durable(tmp_path, child_processes):
     b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
     await b.start()
     await b.add_batch(adds(3, 0, 2, lac=-2))[1]
@@ -300,7 +300,7 @@ async def test_interleaved_ledgers_with_a_refused_one_keep_every_lac(tmp_path):
         await b.close()
 
 
-async def test_compaction_rewrites_mostly_dead_entry_logs_and_keeps_live_entries(tmp_path):
+async def test_compaction_rewrites_mostly_dead_entry_logs_and_keeps_live_entries(tmp_path, child_processes):
     opts = StorageOptions(checkpoint_interval=3600, entrylog_max_file_size=1)  # a new log per checkpoint
     b = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
     await b.start()

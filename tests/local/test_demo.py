@@ -8,7 +8,7 @@ import sys
 from pybk.local import control
 
 
-def test_demo_runs_end_to_end_and_stops_its_cluster(tmp_path):
+def test_demo_runs_end_to_end_and_stops_its_cluster(tmp_path, child_processes):
     data_dir = tmp_path / "demo"
     # the Spark step is left out here: a local[2] session is slow to start on a loaded machine,
     # and tests/spark covers the statistics job itself
@@ -32,7 +32,7 @@ def test_demo_without_java_skips_spark_naming_the_package(monkeypatch, tmp_path,
     assert "apt-get install" in capsys.readouterr().out
 
 
-def test_demo_runs_unchanged_on_a_secured_cluster(tmp_path):
+def test_demo_runs_unchanged_on_a_secured_cluster(tmp_path, child_processes):
     data_dir = tmp_path / "demo"
     res = subprocess.run([sys.executable, "-m", "pybk.demo", "--data-dir", str(data_dir), "--no-spark", "--secure"],
                          capture_output=True, text=True, timeout=300)

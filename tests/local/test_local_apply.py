@@ -91,7 +91,7 @@ async def _check(uri: str, doc: dict, written: dict[int, list[bytes]], gone: str
             await c.close()
 
 
-def test_apply_scales_up_then_down_draining_the_removed_bookie_first(tmp_path):
+def test_apply_scales_up_then_down_draining_the_removed_bookie_first(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     # the open ledger's last fragment is left to its writer this long before autorecovery takes it
     with control.detached(manifest(tmp_path, 3), data_dir, env={"PYBK_OPEN_LEDGER_GRACE": "1"}) as doc:
@@ -125,7 +125,7 @@ async def _open_ledger_on_four(uri: str):
     return bk, lh
 
 
-def test_apply_below_the_largest_open_ensemble_is_refused(tmp_path):
+def test_apply_below_the_largest_open_ensemble_is_refused(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 4), data_dir):
         loop = asyncio.new_event_loop()
@@ -141,7 +141,7 @@ def test_apply_below_the_largest_open_ensemble_is_refused(tmp_path):
         assert "replicas: 4" in (data_dir / "cluster.yaml").read_text()
 
 
-def test_apply_with_changed_config_restarts_bookies_one_at_a_time(tmp_path):
+def test_apply_with_changed_config_restarts_bookies_one_at_a_time(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 3), data_dir) as before:
         changed = tmp_path / "changed.yaml"
@@ -169,7 +169,7 @@ async def _closed_ledger_on_four(uri: str) -> None:
         await lh.close()
 
 
-def test_apply_that_cannot_drain_a_bookie_is_refused_and_keeps_the_cluster(tmp_path):
+def test_apply_that_cannot_drain_a_bookie_is_refused_and_keeps_the_cluster(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 4), data_dir) as doc:
         asyncio.run(_closed_ledger_on_four(doc["metadata_service_uri"]))

@@ -50,7 +50,7 @@ async def _bookie_answers(grpc: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, child_processes):
     """One 3-bookie cluster from examples/cluster.yaml for the read-only checks of this module."""
     data_dir = tmp_path_factory.mktemp("local")
     with control.detached(EXAMPLE, data_dir) as doc:
@@ -98,7 +98,7 @@ def test_second_up_on_a_running_data_dir_is_refused(cluster):
     assert res.returncode == 1 and "already runs" in res.stderr
 
 
-def test_down_stops_every_recorded_process(tmp_path):
+def test_down_stops_every_recorded_process(tmp_path, child_processes):
     with control.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), tmp_path / "d") as doc:
         assert len(doc["autorecovery"]) == 1
         supervisor = control.running_supervisor(tmp_path / "d")
@@ -109,7 +109,7 @@ def test_down_stops_every_recorded_process(tmp_path):
     assert not (tmp_path / "d" / "local.json").exists()
 
 
-def test_ctrl_c_in_the_foreground_stops_everything(tmp_path):
+def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     proc = subprocess.Popen([*PYBK, "local", "up", "-f", str(manifest(tmp_path, 1, 1)), "--data-dir", str(data_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -131,7 +131,7 @@ def test_ctrl_c_in_the_foreground_stops_everything(tmp_path):
     assert [p for p in [doc["etcd"]["pid"]] + [b["pid"] for b in doc["bookies"]] if _alive(p)] == []
 
 
-def test_restart_keeps_ids_ports_and_data_dirs(tmp_path):
+def test_restart_keeps_ids_ports_and_data_dirs(tmp_path, child_processes):
     m = manifest(tmp_path, replicas=1, ensemble=1)
     with control.detached(m, tmp_path / "d") as first:
         pass
@@ -141,7 +141,7 @@ def test_restart_keeps_ids_ports_and_data_dirs(tmp_path):
         assert strip(second) == strip(first)
 
 
-def test_config_overrides_reach_the_bookie_command_line(tmp_path):
+def test_config_overrides_reach_the_bookie_command_line(tmp_path, child_processes):
     m = manifest(tmp_path, replicas=1, ensemble=1, config={"journalGroupWait": "0.003"})
     with control.detached(m, tmp_path / "d") as doc:
         cmdline = Path(f"/proc/{doc['bookies'][0]['pid']}/cmdline").read_bytes().split(b"\0")
@@ -149,19 +149,19 @@ def test_config_overrides_reach_the_bookie_command_line(tmp_path):
         assert cmdline[i + 1] == b"0.003"
 
 
-def test_up_with_an_invalid_manifest_fails_naming_the_field(tmp_path):
+def test_up_with_an_invalid_manifest_fails_naming_the_field(tmp_path, child_processes):
     bad = manifest(tmp_path, replicas=2, ensemble=3)
     res = pybk("local", "up", "-f", bad, "--data-dir", tmp_path / "d", "--detach")
     assert res.returncode == 1
     assert "spec.replicas (2) must be >= spec.ledgerDefaults.ensemble (3)" in res.stderr
 
 
-def test_down_with_nothing_running_says_so(tmp_path):
+def test_down_with_nothing_running_says_so(tmp_path, child_processes):
     res = pybk("local", "down", "--data-dir", tmp_path)
     assert res.returncode == 1 and "no local cluster is running" in res.stderr
 
 
-def test_down_after_the_supervisor_was_killed_stops_the_orphans(tmp_path):
+def test_down_after_the_supervisor_was_killed_stops_the_orphans(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), data_dir) as doc:
         supervisor = control.running_supervisor(data_dir)
@@ -178,7 +178,7 @@ def test_down_after_the_supervisor_was_killed_stops_the_orphans(tmp_path):
     assert [p for p in children if _alive(p)] == []
 
 
-def test_a_bookie_that_cannot_start_fails_up_with_its_error_and_leaves_nothing(tmp_path):
+def test_a_bookie_that_cannot_start_fails_up_with_its_error_and_leaves_nothing(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     res = pybk("local", "up", "-f", manifest(tmp_path, 1, 1, config={"no-such-option": "1"}), "--data-dir", data_dir,
                "--detach", "--timeout", "60")
@@ -199,7 +199,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path):
+def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     proc = subprocess.Popen([*PYBK, "local", "up", "-f", str(manifest(tmp_path, 3, 3)), "--data-dir", str(data_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

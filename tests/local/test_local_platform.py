@@ -19,7 +19,7 @@ def _etcd_only():
     return dataclasses.replace(load_spec(EXAMPLE), replicas=0)
 
 
-def test_restart_keeps_ports_and_metadata_uri(tmp_path):
+def test_restart_keeps_ports_and_metadata_uri(tmp_path, child_processes):
     cluster = LocalCluster(_etcd_only(), tmp_path)
     try:
         first = cluster.start()

@@ -82,7 +82,7 @@ async def read_back(cluster: LocalClient, written: dict[int, list[bytes]], recov
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
+def secured(tmp_path_factory, child_processes):
     """One secured 3-bookie cluster with autorecovery for the checks that do not change it."""
     tmp = tmp_path_factory.mktemp("secure")
     data_dir = tmp / "d"
@@ -222,7 +222,7 @@ async def _referencing(cluster: LocalClient, ledgers: list[int], bookie_id: str)
         await store.close()
 
 
-async def test_autorecovery_replaces_a_lost_bookie_with_security_on(tmp_path):
+async def test_autorecovery_replaces_a_lost_bookie_with_security_on(tmp_path, child_processes):
     env = {"PYBK_LOST_BOOKIE_DELAY": "1", "PYBK_OPEN_LEDGER_GRACE": "1", "PYBK_RECOVERY_POLL_INTERVAL": "0.2"}
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 4), data_dir, env=env, secure=True) as doc:
@@ -236,7 +236,7 @@ async def test_autorecovery_replaces_a_lost_bookie_with_security_on(tmp_path):
         assert await read_back(cluster, written, recovery=True) == written
 
 
-def test_decommission_drains_a_bookie_with_security_on(tmp_path):
+def test_decommission_drains_a_bookie_with_security_on(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 4), data_dir, env={"PYBK_OPEN_LEDGER_GRACE": "1"}, secure=True):
         cluster = read_client(data_dir)
@@ -250,7 +250,7 @@ def test_decommission_drains_a_bookie_with_security_on(tmp_path):
         assert asyncio.run(read_back(cluster, written, recovery=True)) == written
 
 
-def test_secure_on_a_data_dir_started_insecure_is_refused(tmp_path):
+def test_secure_on_a_data_dir_started_insecure_is_refused(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     with control.detached(manifest(tmp_path, 3, autorecovery=0), data_dir):
         pass
@@ -261,7 +261,7 @@ def test_secure_on_a_data_dir_started_insecure_is_refused(tmp_path):
     assert not (data_dir / "security").exists() and not (data_dir / "local.json").exists()
 
 
-def test_a_secure_data_dir_stays_secure_and_keeps_its_ca_when_started_again(tmp_path):
+def test_a_secure_data_dir_stays_secure_and_keeps_its_ca_when_started_again(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     path = manifest(tmp_path, 3, autorecovery=0)
     with control.detached(path, data_dir, secure=True):

@@ -31,7 +31,7 @@ async def store(open_store) -> MetadataStore:
 
 
 @pytest.fixture
-async def secure_etcd_factory(tmp_path):
+async def secure_etcd_factory(tmp_path, child_processes):
     """Factory: `await secure_etcd_factory(client_cert_auth=False, auth_token_ttl=None)` -> a
     SecureEtcd (tests/meta/secure_etcd.py), a fresh one per call, stopped after the test."""
     started = []

@@ -21,6 +21,6 @@ async def test_bench_meta_runs_against_given_etcd_and_cleans_up(etcd, store):
     assert left.count == 0, "the benchmark deletes its keys"
 
 
-def test_bench_meta_bad_uri_is_a_clear_error():
+def test_bench_meta_bad_uri_is_a_clear_error(child_processes):
     done = pybk("bench", "meta", "--metadata-uri", "etcd://h:1")
     assert done.returncode == 1 and "no key prefix" in done.stderr

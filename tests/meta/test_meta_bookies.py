@@ -1,4 +1,5 @@
 """The registry with real `pybk bookie` processes: crashes, clean shutdowns, etcd outages."""
+import pytest
 import asyncio
 
 from pybk.bookie.client import BookieClient
@@ -36,6 +37,7 @@ async def test_killed_bookie_leaves_registry_within_lease_ttl_and_clean_shutdown
     assert await store.registry.all() == {}
 
 
+@pytest.mark.private_etcd
 async def test_bookie_serves_held_ledgers_while_etcd_is_down_and_reregisters_after(etcd, bookies, open_store):
     uri = etcd.metadata_uri("pybk") + f"?lease_ttl={TTL}&timeout=1"
     (bookie,) = bookies(1, metadata_uri=uri, registration_ttl=TTL)

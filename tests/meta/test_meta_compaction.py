@@ -4,6 +4,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import pytest
+
+# etcd compaction is global: these tests compact and restart an etcd of their own
+pytestmark = pytest.mark.private_etcd
+
 
 
 async def compact_while_disconnected(etcd, store, changes) -> None:

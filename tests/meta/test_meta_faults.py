@@ -23,6 +23,7 @@ async def retry_until_ok(call, timeout=60.0):
             await asyncio.sleep(0.2)
 
 
+@pytest.mark.private_etcd
 async def test_watch_open_across_etcd_stop_and_start_misses_no_event(etcd, open_store):
     watcher, writer = await open_store(), await open_store()
     seen: list[tuple[int, list[str]]] = []
@@ -72,6 +73,7 @@ async def test_marker_watch_follows_changes(store):
         (1, ["b1"]), (2, ["b2"]), (1, None)]
 
 
+@pytest.mark.private_etcd
 async def test_unreachable_etcd_fails_bounded_naming_endpoint_and_recovers(etcd, open_store):
     store = await open_store(timeout=1, lease_ttl=2)
     md = await store.ledgers.create(["b1", "b2"], 2, 2)
@@ -103,6 +105,7 @@ async def test_unreachable_etcd_fails_bounded_naming_endpoint_and_recovers(etcd,
     assert (await store.ledgers.get(created.ledger_id)) == created
 
 
+@pytest.mark.private_etcd
 async def test_connect_to_unreachable_etcd_fails_naming_endpoint(etcd):
     from pybk.meta import MetadataStore
     uri = etcd.metadata_uri("pybk") + "?timeout=0.5"

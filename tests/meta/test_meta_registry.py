@@ -106,6 +106,7 @@ async def test_cookie_verify_stamps_new_bookie_then_accepts_and_refuses(store, t
     assert list(await store.cookies.list()) == []
 
 
+@pytest.mark.private_etcd
 async def test_registry_watch_catches_up_after_its_history_was_compacted(etcd, open_store):
     observer, bookie = await open_store(), await open_store()
     await bookie.registry.register(info(1))
@@ -152,6 +153,7 @@ async def test_session_keeps_its_lease_alive_well_past_its_ttl(open_store):
     assert (await observer.etcd.get(observer.registry.key("writable", "bookie-1"))).lease == lease
 
 
+@pytest.mark.private_etcd
 async def test_a_quick_etcd_restart_keeps_the_session_and_its_registration(etcd, open_store):
     bookie = await open_store(lease_ttl=5)
     await bookie.registry.register(info(1))

@@ -276,6 +276,7 @@ async def test_bookie_registers_through_a_secured_etcd_with_no_secret_in_argv_or
         assert secret not in seen
 
 
+@pytest.mark.private_etcd
 async def test_etcd_auth_command_turns_auth_on_with_passwords_from_files(etcd, tmp_path):
     files = {name: write_private(tmp_path / name, f"{name}-pw-5e0c7a\n".encode()) for name in ("root", "w", "r")}
     argv = [sys.executable, "-m", "pybk.meta.etcd_auth", "--metadata-uri", etcd.metadata_uri("pybk"),
@@ -323,7 +324,7 @@ async def test_live_store_follows_a_rotated_etcd_ca_and_certificate(secure_etcd)
         await store.close()
 
 
-async def test_expired_etcd_certificate_is_refused_saying_so(tmp_path):
+async def test_expired_etcd_certificate_is_refused_saying_so(tmp_path, child_processes):
     ca = CertificateAuthority.create()
     now = datetime.datetime.now(datetime.timezone.utc)
     files = ca.write_identity(tmp_path / "tls", "etcd", ["127.0.0.1"], not_before=now - datetime.timedelta(days=2),

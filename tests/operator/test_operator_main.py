@@ -14,7 +14,7 @@ def check(path: str, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
-def test_check_accepts_valid_and_rejects_invalid_manifests_with_reasons():
+def test_check_accepts_valid_and_rejects_invalid_manifests_with_reasons(child_processes):
     ok = check("examples/bookiecluster-full.yaml")
     assert ok.returncode == 0 and "valid" in ok.stdout
     bad = check("examples/bookiecluster-invalid-ack-above-write.yaml", "-o", "json")

@@ -27,6 +27,7 @@ from pybk.cluster.controller import BELOW_ENSEMBLE, INVALID_SPEC
 from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION, BookieClusterSpec
 from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
+from pybk.local.process import free_port
 from pybk.meta import MetadataStore
 from pybk.operator import render
 from pybk.recovery.process import AutoRecoveryProcess
@@ -211,7 +212,9 @@ class Operator:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONPATH=os.getcwd())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pybk.cli", "operator", "--namespace", NAMESPACE,
-             "--liveness", "http://127.0.0.1:0/healthz", "--refresh-interval", "1"],
+             # a free port of its own: kopf takes port 0 for its default, 80, which a second operator
+             # running at the same time (another test worker) then cannot bind
+             "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--refresh-interval", "1"],
             env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         return self
 

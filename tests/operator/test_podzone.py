@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 
-def test_outside_a_pod_names_only_the_missing_variable() -> None:
+def test_outside_a_pod_names_only_the_missing_variable(child_processes) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env.update(POD_NAME="demo-0", POD_NAMESPACE="default")
     out = subprocess.run([sys.executable, "-m", "pybk.operator.podzone", "--wait", "0"], env=env,
@@ -18,7 +18,7 @@ def test_outside_a_pod_names_only_the_missing_variable() -> None:
     assert "POD_NAME" not in out.stderr, out.stderr
 
 
-def test_it_logs_json_lines_when_the_pod_logs_json() -> None:
+def test_it_logs_json_lines_when_the_pod_logs_json(child_processes) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env.update(POD_NAME="demo-0", POD_NAMESPACE="default", PYBK_LOG_FORMAT="json")
     out = subprocess.run([sys.executable, "-m", "pybk.operator.podzone", "--wait", "0"], env=env,

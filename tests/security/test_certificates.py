@@ -80,7 +80,7 @@ def refused_start(tmp_path, pki, **options) -> str:
     return b.log_tail(20)
 
 
-def test_expired_certificate_is_refused_at_start_naming_it(tmp_path, pki):
+def test_expired_certificate_is_refused_at_start_naming_it(tmp_path, pki, child_processes):
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)
     files = pki.ca.write_identity(tmp_path / "expired", "pybk-bookie", not_before=past - datetime.timedelta(days=1),
                                   not_after=past)
@@ -88,13 +88,13 @@ def test_expired_certificate_is_refused_at_start_naming_it(tmp_path, pki):
     assert f"refusing to start: {files.cert}: certificate expired at {past.year}" in tail, tail
 
 
-def test_certificate_of_another_ca_is_refused_at_start_naming_it(tmp_path, pki):
+def test_certificate_of_another_ca_is_refused_at_start_naming_it(tmp_path, pki, child_processes):
     files = CertificateAuthority.create("another CA").write_identity(tmp_path / "other", "pybk-bookie")
     tail = refused_start(tmp_path, pki, tls_cert=files.cert, tls_key=files.key)
     assert f"refusing to start: {files.cert}: not signed by the CA in {pki.server.ca}" in tail, tail
 
 
-def test_key_of_another_certificate_is_refused_at_start_naming_it(tmp_path, pki):
+def test_key_of_another_certificate_is_refused_at_start_naming_it(tmp_path, pki, child_processes):
     files = pki.ca.write_identity(tmp_path / "other", "pybk-bookie")
     tail = refused_start(tmp_path, pki, tls_key=files.key)
     assert f"refusing to start: {files.key}: key does not match certificate {pki.server.cert}" in tail, tail

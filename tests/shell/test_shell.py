@@ -47,7 +47,7 @@ async def _write(uri: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, child_processes):
     data_dir = tmp_path_factory.mktemp("shell")
     with control.detached(EXAMPLE, data_dir) as doc:
         yield data_dir, doc
@@ -167,14 +167,14 @@ def test_metadata_uri_from_the_environment(cluster):
     assert len(json.loads(res.stdout)) == 3
 
 
-def test_unreachable_etcd_is_a_clear_error():
+def test_unreachable_etcd_is_a_clear_error(child_processes):
     port = free_port()
     res = shell("listbookies", "--metadata-uri", f"etcd://127.0.0.1:{port}/pybk")
     assert res.returncode == 1
     assert f"127.0.0.1:{port}" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_bad_metadata_uri_is_a_clear_error():
+def test_bad_metadata_uri_is_a_clear_error(child_processes):
     res = shell("listledgers", "--metadata-uri", "http://127.0.0.1:2379")
     assert res.returncode == 1 and "expected etcd://HOST:PORT" in res.stderr
 

@@ -7,7 +7,7 @@ from pybk.spark.session import java_problem
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(child_processes):
     """A shared SparkSession with the `pybk` format registered; skipped without Java."""
     problem = java_problem()
     if problem:

@@ -253,7 +253,7 @@ def pybk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           timeout=60, env={**clean, **(env or {})})
 
 
-def test_submit_command_prints_the_job_with_the_jobs_arguments():
+def test_submit_command_prints_the_job_with_the_jobs_arguments(child_processes):
     out = pybk("spark", "submit", "-n", "team-a", "--metadata-uri", URI, "--executors", "4",
                "demo", "export_parquet.py", "/data/ledgers", "--ledgers", "all")
     assert out.returncode == 0, out.stderr
@@ -263,7 +263,7 @@ def test_submit_command_prints_the_job_with_the_jobs_arguments():
                                              args=("/data/ledgers", "--ledgers", "all")))
 
 
-def test_submit_command_without_kubernetes_access_says_so():
+def test_submit_command_without_kubernetes_access_says_so(child_processes):
     out = pybk("spark", "submit", "demo", "ledger_stats.py", env={"KUBECONFIG": "/nonexistent/kubeconfig"})
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("pybk spark submit: no Kubernetes credentials")
@@ -342,7 +342,7 @@ def test_spark_operator_pods_carry_the_label_the_network_policy_admits(path):
     assert app["driver"]["labels"][key] == value and app["executor"]["labels"][key] == value
 
 
-def test_submit_command_refuses_one_secret_for_two_purposes():
+def test_submit_command_refuses_one_secret_for_two_purposes(child_processes):
     out = pybk("spark", "submit", "--metadata-uri", URI, "--tls-secret", "s", "--token-secret", "s",
                "demo", "ledger_stats.py")
     assert out.returncode == 2

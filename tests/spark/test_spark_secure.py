@@ -21,7 +21,7 @@ PW = "spark secret"
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
+def secured(tmp_path_factory, child_processes):
     tmp = tmp_path_factory.mktemp("spark-secure")
     path = tmp / "cluster.yaml"
     path.write_text("apiVersion: pybk.io/v1alpha1\nkind: BookieCluster\nmetadata: {name: s}\n"
@@ -69,6 +69,10 @@ async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, 
 
 
 def test_a_job_given_the_local_clusters_uri_finds_its_credentials_in_local_json(secured):
+    """A Spark job given only the local cluster's URI reads its ledgers, taking the credentials from the
+    cluster's local.json.
+
+    Slow: the job runs as its own process, as a user runs it, so it starts a Spark JVM of its own."""
     cluster = read_client(secured)
     lid = asyncio.run(_write(cluster, entries=7))
     env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
