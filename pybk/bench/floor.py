@@ -39,6 +39,7 @@ class Client(enum.StrEnum):
     AIO_ITERATOR = "aio-iterator"
     AIO_UNARY = "aio-unary"
     H2 = "h2"
+    NGH2 = "ngh2"
     SYNC = "sync"
     SYNC_UNARY = "sync-unary"
 
@@ -72,6 +73,8 @@ _CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the ba
             "aio-unary": "grpc.aio, one unary call per message and server, answers counted in done callbacks",
             "h2": "pybk's own HTTP/2 stream (pybk.proto.http2, as BookieClient's Add stream): frames written "
                   "and answers read on the event loop, no grpc.aio",
+            "ngh2": "the same stream with libnghttp2 as HTTP/2 engine (pybk.transport.ngh2_client, the ngh2 "
+                    "package)",
             "sync": "grpc's synchronous API: a request queue and a reader thread per stream",
             "sync-unary": "grpc's synchronous API, one unary call (future) per message and server, answers "
                           "counted in done callbacks on gRPC's channel thread"}
@@ -244,7 +247,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
                        options: list) -> tuple[list[float], float]:
     import grpc
 
-    from pybk.proto.http2 import GrpcStream
+    from pybk.proto.http2 import stream_class
 
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
     for ch in channels:
@@ -257,11 +260,12 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
 
     if mode is Client.AIO_ITERATOR:
         calls = [ch.stream_stream(_METHOD)(requests(box)) for ch, box in zip(channels, outboxes)]
-    elif mode is Client.H2:
+    elif mode in (Client.H2, Client.NGH2):
         calls = []
-        streams = [GrpcStream.open(f"127.0.0.1:{p}", _METHOD, on_headers=lambda _: None,
-                                   on_message=lambda answer: answered(int.from_bytes(answer, "big")),
-                                   on_end=lambda code, details: None) for p in ports]
+        stream_type = stream_class("ngh2" if mode is Client.NGH2 else "own")
+        streams = [stream_type.open(f"127.0.0.1:{p}", _METHOD, on_headers=lambda _: None,
+                                    on_message=lambda answer: answered(int.from_bytes(answer, "big")),
+                                    on_end=lambda code, details: None) for p in ports]
     else:
         calls = [ch.stream_stream(_METHOD)() for ch in channels]
     unaries = [ch.unary_unary(_METHOD_ONE) for ch in channels]
@@ -291,7 +295,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         elif mode is Client.AIO_ITERATOR:
             for box in outboxes:
                 box.put_nowait(message)
-        elif mode is Client.H2:
+        elif mode in (Client.H2, Client.NGH2):
             for stream in streams:
                 stream.write(message)
         elif mode is Client.AIO_GATHER:
@@ -302,7 +306,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         await done
         latencies.append(time.perf_counter() - t0)
     client_cpu = time.process_time() - cpu0
-    if mode is Client.H2:
+    if mode in (Client.H2, Client.NGH2):
         for stream in streams:
             stream.cancel()
     for call, box in zip(calls, outboxes):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import socket
 import ssl as _ssl
 from collections import deque
@@ -33,25 +32,21 @@ from typing import Any, Callable
 import grpc
 
 from pybk.security.auth import certificate_common_name
+from pybk.transport import http2_engine
 
 from .h2server import Call, GrpcServerConnection
 
 log = logging.getLogger("pybk.proto.grpc_server")
 
-ENGINE_VARIABLE = "PYBK_HTTP2_ENGINE"
-ENGINES = ("own", "ngh2")  # pybk.proto.h2server (the default), pybk.transport.ngh2_server (libnghttp2)
-
 
 def connection_class(engine: str | None = None) -> type:
     """The server connection class of an HTTP/2 engine: `engine`, else the PYBK_HTTP2_ENGINE
-    environment variable, else `own`. ValueError names an unknown one."""
-    engine = engine or os.environ.get(ENGINE_VARIABLE) or "own"
-    if engine == "own":
-        return GrpcServerConnection
-    if engine == "ngh2":
+    environment variable, else `own` (pybk.transport.http2_engine). ValueError names an unknown one."""
+    if http2_engine(engine) == "ngh2":
         from pybk.transport.ngh2_server import GrpcServerConnection as Ngh2Connection
         return Ngh2Connection
-    raise ValueError(f"HTTP/2 engine {engine!r} is not one of {', '.join(ENGINES)} ({ENGINE_VARIABLE})")
+    return GrpcServerConnection
+
 
 _NOT_METADATA = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 

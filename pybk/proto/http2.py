@@ -1,16 +1,18 @@
-"""One gRPC bidi stream spoken directly over HTTP/2 on an asyncio connection, without grpc.aio.
+"""HTTP/2 for gRPC calls on asyncio connections, without grpc.aio: the frames, gRPC messages
+and their buffer shared by pybk's own server (pybk.proto.h2server), and a client's bidi stream
+(`ClientStream`, with pybk's own framing in `GrpcStream`; the libnghttp2 one is
+pybk.transport.ngh2_client.GrpcStream).
 
 Why: with one add in flight, grpc.aio costs a client about 0.5 ms of CPU per message on two
 cores, most of it handing every completion between gRPC's own threads and the event loop. Framing
 the messages here, on the loop, costs about a quarter of that (`pybk bench floor --client h2`).
-The wire does not change: the server (a bookie's grpc.aio server) sees an ordinary gRPC call.
+The wire does not change: the server sees an ordinary gRPC call.
 
-What it speaks (RFC 9113, gRPC's PROTOCOL-HTTP2): a connection of its own carrying one stream
-(id 1). Requests go out as gRPC length-prefixed messages in DATA frames, within the server's
+What a client stream speaks (RFC 9113, gRPC's PROTOCOL-HTTP2): a connection of its own carrying
+one stream. Requests go out as gRPC length-prefixed messages in DATA frames, within the server's
 flow-control windows and frame size; answers come back the same way and are handed to
-`on_message` in order, from the loop's read callback (no task, no future per message). Headers are
-HPACK-coded with the `hpack` library (only the request's, the answer's initial metadata and its
-trailers: three header blocks per stream). PINGs and SETTINGS are acknowledged at once.
+`on_message` in order, from the loop's read callback (no task, no future per message). PINGs and
+SETTINGS are acknowledged at once.
 
 Failure modes, each ending the stream exactly once through `on_end(code, details)` with a gRPC
 status code: the server's trailers (its status), RST_STREAM, a GOAWAY with an error or one that
@@ -30,6 +32,8 @@ from urllib.parse import unquote
 import grpc
 import hpack
 
+from pybk.transport import http2_engine
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME = struct.Struct(">BHBBI")           # length (24 bits as 8 + 16), type, flags, stream id
 _DATA_MESSAGE = struct.Struct(">BHBBIBI")  # a DATA frame's header followed by a gRPC message prefix
@@ -45,11 +49,13 @@ DEFAULT_WINDOW = 65_535                    # RFC 9113's initial windows, until t
 DEFAULT_FRAME = 16_384
 RECEIVE_WINDOW = 4 * 1024 * 1024           # what this side lets the server send ahead
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
-_RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE,   # REFUSED_STREAM: the server never took it
-              0x8: grpc.StatusCode.CANCELLED,
-              0xB: grpc.StatusCode.RESOURCE_EXHAUSTED}  # ENHANCE_YOUR_CALM
+# what a client's call ends with, by the RST_STREAM error code (else INTERNAL)
+RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE,   # REFUSED_STREAM: the server never took it
+             0x8: grpc.StatusCode.CANCELLED,
+             0xB: grpc.StatusCode.RESOURCE_EXHAUSTED}  # ENHANCE_YOUR_CALM
 
 CLOSED_AT_ONCE = "connection closed before the server spoke HTTP/2"
+PING_DATA = b"pybk-ka!"                    # a client's keepalive PING
 OnEnd = Callable[[grpc.StatusCode, str], None]
 
 
@@ -223,12 +229,43 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class GrpcStream(asyncio.Protocol):
-    """A client's gRPC bidi stream on its own HTTP/2 connection. Create with `open`; `write`
-    queues a message (before the connection is up too); answers reach `on_message(message)` (bytes,
-    or a memoryview for one that spanned frames: see MessageBuffer), the server's initial metadata
-    `on_headers(list of (name, value))`, the end `on_end(code, details)`. Callbacks run on the loop
-    and must not raise."""
+def request_headers(authority: str, path: str, scheme: str,
+                    metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A gRPC call's request headers: the pseudo-headers, then `metadata` (an `authorization`
+    value is one to be sent never-indexed, see `SECRET_HEADERS`)."""
+    return [(":method", "POST"), (":scheme", scheme), (":path", path), (":authority", authority),
+            ("content-type", "application/grpc"), ("te", "trailers"), *metadata]
+
+
+SECRET_HEADERS = frozenset({"authorization"})  # HPACK-coded never-indexed: no proxy's table keeps them
+
+
+def call_status(headers: Sequence[tuple[str, str]]) -> tuple[grpc.StatusCode, str]:
+    """The status a call's trailers (or a trailers-only answer) carry: grpc-status and
+    grpc-message (percent-decoded); UNKNOWN without a grpc-status, with the HTTP status named
+    when it is not 200."""
+    status, message = None, ""
+    for k, v in headers:
+        if k == "grpc-status":
+            status = int(v) if v.isdigit() else None
+        elif k == "grpc-message":
+            message = unquote(v)
+        elif k == ":status" and v != "200":
+            message = message or f"HTTP status {v}"
+    code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
+    return code, message if status is not None or message else "the answer ended without a gRPC status"
+
+
+class ClientStream(asyncio.Protocol):
+    """A client's gRPC bidi stream on its own HTTP/2 connection, whatever frames it: create with
+    `open`; `write` queues a message (before the connection is up too); answers reach
+    `on_message(message)` (bytes, or a memoryview for one that spanned frames: see
+    MessageBuffer), the server's initial metadata `on_headers(list of (name, value))`, the end
+    `on_end(code, details)`. Callbacks run on the loop and must not raise.
+
+    What every engine shares is here: connecting (TLS with ALPN h2), the keepalive, what the
+    server's trailers, RST_STREAM and GOAWAY mean, and ending exactly once. A subclass frames:
+    `write`, `cancel`, `connection_made`, `data_received` and `_ping`."""
 
     def __init__(self, authority: str, path: str, metadata: Sequence[tuple[str, str]], scheme: str,
                  on_message: Callable[[bytes], None], on_headers: Callable[[list], None], on_end: OnEnd,
@@ -238,39 +275,29 @@ class GrpcStream(asyncio.Protocol):
         self._on_message, self._on_headers, self._on_end = on_message, on_headers, on_end
         self._awaiting = awaiting
         self._max_receive = max_receive_message_bytes
-        headers = [(":method", "POST"), (":scheme", scheme), (":path", path), (":authority", authority),
-                   ("content-type", "application/grpc"), ("te", "trailers")]
-        headers += [hpack.NeverIndexedHeaderTuple(k, v) if k == "authorization" else (k, v) for k, v in metadata]
-        self._request_headers = hpack.Encoder().encode(headers)
-        self._decoder = hpack.Decoder()
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task | None = None
         self._ended = False
-        self._got_headers = False
         self._spoke = False                # a SETTINGS frame came from the server
-        self._block = bytearray()          # a header block spread over CONTINUATION frames
-        self._block_ends = False
-        self._rx = bytearray()             # received bytes of a frame not yet whole
+        self._got_headers = False          # the initial metadata arrived
+        self._stream_id = STREAM
         self._message = MessageBuffer()    # an answer spread over DATA frames
-        self._unacked = 0                  # DATA bytes received and not yet given back by WINDOW_UPDATE
-        self._out: deque[memoryview] = deque()  # message bytes waiting for window
-        self._out_bytes = 0
-        self._early: list[bytes] = []      # frames written before the connection was up
-        self._send_window = DEFAULT_WINDOW  # the connection's
-        self._stream_window = DEFAULT_WINDOW
-        self._peer_initial = DEFAULT_WINDOW
-        self._max_frame = DEFAULT_FRAME
         self._keepalive, self._keepalive_timeout = keepalive, keepalive_timeout
         self._heard = True                 # anything received since the last keepalive check
         self._ping_sent: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._prepare(request_headers(authority, path, scheme, metadata))
+
+    def _prepare(self, headers: list[tuple[str, str]]) -> None:
+        """Set up the framing of a call with these request headers (the subclass's)."""
+        raise NotImplementedError
 
     @classmethod
     def open(cls, address: str, path: str, *, metadata: Sequence[tuple[str, str]] = (),
              ssl: _ssl.SSLContext | None = None, server_hostname: str | None = None,
              on_message: Callable[[bytes], None], on_headers: Callable[[list], None], on_end: OnEnd,
              awaiting: Callable[[], bool] = lambda: False, max_receive_message_bytes: int = 64 * 1024 * 1024,
-             keepalive: float = 10.0, keepalive_timeout: float = 5.0) -> "GrpcStream":
+             keepalive: float = 10.0, keepalive_timeout: float = 5.0) -> "ClientStream":
         """Start the stream to `address` (host:port) calling `path` (/package.Service/Method); TLS
         with `ssl` (ALPN h2 is set here). Returns at once: writes wait for the connection. While
         `awaiting()` says answers are due and nothing arrives for `keepalive` seconds, a PING
@@ -290,11 +317,135 @@ class GrpcStream(asyncio.Protocol):
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; a bad address a ValueError
             self._end(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {exc}")
 
+    def _started(self, transport: asyncio.BaseTransport) -> bool:
+        """The connection is up: keep its transport and start the keepalive; False (and the
+        connection closed) when the stream ended meanwhile."""
+        if self._ended:
+            transport.close()
+            return False
+        self._transport = transport
+        if self._keepalive:
+            self._timer = self._loop.call_later(self._keepalive, self._check_alive)
+        return True
+
+    def write(self, message: bytes) -> None:
+        """Send one gRPC message (as it is: already serialized)."""
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """End the stream and its connection here (RST_STREAM CANCEL), without calling on_end."""
+        raise NotImplementedError
+
+    def _ping(self) -> None:
+        """Send the keepalive's PING (payload PING_DATA)."""
+        raise NotImplementedError
+
+    # ---- what the server says ---------------------------------------------------------------
+
+    def _answer(self, payload, ends: bool) -> None:
+        """A DATA frame's payload (without padding) on the stream: the answers it completes;
+        `ends`: it had END_STREAM (no trailers, so no status follows)."""
+        try:
+            for message in self._message.take(payload, self._max_receive):
+                self._on_message(message)
+        except MessageError as exc:
+            self._end(exc.code, f"an answer from the server: {exc.details}")
+            return
+        if ends:
+            self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
+
+    def _headers(self, headers: list[tuple[str, str]], ends: bool) -> None:
+        """A header block on the stream: the initial metadata, or (the last, or one that ends
+        the stream) the trailers with the call's status."""
+        if not ends and not self._got_headers:
+            self._got_headers = True
+            self._on_headers(headers)
+            return
+        self._end(*call_status(headers))
+
+    def _reset(self, code: int) -> None:
+        """The server reset the stream with HTTP/2 error `code`."""
+        self._end(RST_CODES.get(code, grpc.StatusCode.INTERNAL), f"the server reset the stream (HTTP/2 error {code})")
+
+    def _goaway(self, last_stream: int, code: int, debug: bytes) -> None:
+        """A GOAWAY: the stream ends if it carries an error or did not take the stream."""
+        if code or last_stream < self._stream_id:
+            text = debug.decode("utf-8", "replace")
+            self._end(grpc.StatusCode.UNAVAILABLE, f"the server closed the connection (GOAWAY, HTTP/2 error "
+                      f"{code}{': ' + text if text else ''})")
+
+    def _broken(self, why: str) -> None:
+        """The server broke HTTP/2's rules (`why`): the stream ends INTERNAL."""
+        self._end(grpc.StatusCode.INTERNAL, f"HTTP/2 protocol error from the server: {why}")
+
+    # ---- ending -----------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        """The keepalive: a PING after `keepalive` seconds of silence while answers are due."""
+        if self._ended:
+            return
+        now = self._loop.time()
+        if self._ping_sent is not None and now - self._ping_sent >= self._keepalive_timeout:
+            self._end(grpc.StatusCode.UNAVAILABLE,
+                      f"no answer to a keepalive PING within {self._keepalive_timeout:g}s")
+            return
+        if self._heard or not self._awaiting():
+            self._heard = False
+        elif self._ping_sent is None:
+            self._ping_sent = now
+            self._ping()
+        delay = self._keepalive if self._ping_sent is None else self._keepalive_timeout
+        self._timer = self._loop.call_later(delay, self._check_alive)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        why = "connection closed" if self._spoke else CLOSED_AT_ONCE
+        self._end(grpc.StatusCode.UNAVAILABLE, f"{why}: {exc}" if exc else why)
+
+    def _end(self, code: grpc.StatusCode, details: str) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._stop()
+        self._on_end(code, details)
+
+    def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        if self._transport is not None:
+            self._transport.close()
+
+
+class GrpcStream(ClientStream):
+    """pybk's own framing of a ClientStream (a connection carrying one stream, id 1): requests go
+    out as DATA frames within the server's flow-control windows and frame size, with one
+    writelines per batch of frames; frames are parsed in the read callback; header blocks are
+    HPACK-coded with the `hpack` library (three per stream: the request's, the answer's initial
+    metadata and its trailers); PINGs and SETTINGS are acknowledged at once."""
+
+    def _prepare(self, headers: list[tuple[str, str]]) -> None:
+        self._request_headers = hpack.Encoder().encode(
+            [hpack.NeverIndexedHeaderTuple(k, v) if k in SECRET_HEADERS else (k, v) for k, v in headers])
+        self._decoder = hpack.Decoder()
+        self._block = bytearray()          # a header block spread over CONTINUATION frames
+        self._block_ends = False
+        self._rx = bytearray()             # received bytes of a frame not yet whole
+        self._unacked = 0                  # DATA bytes received and not yet given back by WINDOW_UPDATE
+        self._out: deque[memoryview] = deque()  # message bytes waiting for window
+        self._out_bytes = 0
+        self._early: list[bytes] = []      # frames written before the connection was up
+        self._send_window = DEFAULT_WINDOW  # the connection's
+        self._stream_window = DEFAULT_WINDOW
+        self._peer_initial = DEFAULT_WINDOW
+        self._max_frame = DEFAULT_FRAME
+
     # ---- sending ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._ended:
-            transport.close()
+        if not self._started(transport):
             return
         settings = SETTING.pack(_ENABLE_PUSH, 0) + SETTING.pack(SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
         transport.writelines([PREFACE, frame(SETTINGS, 0, 0, settings),
@@ -302,10 +453,7 @@ class GrpcStream(asyncio.Protocol):
                               # sent before the server's SETTINGS can raise the frame size
                               *header_frames(self._request_headers, STREAM, 0, DEFAULT_FRAME), *self._early])
         self._early = []
-        self._transport = transport
         self._pump()
-        if self._keepalive:
-            self._timer = self._loop.call_later(self._keepalive, self._check_alive)
 
     def write(self, message: bytes) -> None:
         """Send one gRPC message (as it is: already serialized)."""
@@ -345,8 +493,11 @@ class GrpcStream(asyncio.Protocol):
         else:
             self._early.append(frame)
 
+    def _ping(self) -> None:
+        self._send(frame(PING, 0, 0, PING_DATA))
+
     def cancel(self) -> None:
-        """End the stream and its connection here, without calling on_end."""
+        """End the stream and its connection here (RST_STREAM CANCEL), without calling on_end."""
         if self._ended:
             return
         self._ended = True
@@ -367,7 +518,7 @@ class GrpcStream(asyncio.Protocol):
                 if self._ended:
                     return
         except (_ProtocolError, FrameSizeError) as exc:
-            self._end(grpc.StatusCode.INTERNAL, f"HTTP/2 protocol error from the server: {exc}")
+            self._broken(str(exc))
 
     def _data(self, payload, flags: int, stream: int) -> None:
         size = len(payload)
@@ -380,16 +531,8 @@ class GrpcStream(asyncio.Protocol):
             credit = U32.pack(self._unacked)
             self._unacked = 0
             self._send(frame(WINDOW_UPDATE, 0, 0, credit) + frame(WINDOW_UPDATE, 0, STREAM, credit))
-        if stream != STREAM:
-            return
-        try:
-            for message in self._message.take(payload, self._max_receive):
-                self._on_message(message)
-        except MessageError as exc:
-            self._end(exc.code, f"an answer from the server: {exc.details}")
-            return
-        if flags & END_STREAM:
-            self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
+        if stream == STREAM:
+            self._answer(payload, bool(flags & END_STREAM))
 
     def _control(self, ftype: int, flags: int, stream: int, payload: bytes) -> None:
         if ftype == SETTINGS:
@@ -414,14 +557,10 @@ class GrpcStream(asyncio.Protocol):
         elif ftype == HEADERS or ftype == CONTINUATION:
             self._header_frame(ftype, flags, stream, payload)
         elif ftype == RST_STREAM and stream == STREAM:
-            code = U32.unpack(payload[:4])[0] if len(payload) >= 4 else 0
-            self._end(_RST_CODES.get(code, grpc.StatusCode.INTERNAL), f"the server reset the stream (HTTP/2 error {code})")
+            self._reset(U32.unpack(payload[:4])[0] if len(payload) >= 4 else 0)
         elif ftype == GOAWAY:
             last, code = struct.unpack_from(">II", payload) if len(payload) >= 8 else (0, 0)
-            if code or (last & 0x7FFFFFFF) < STREAM:
-                debug = payload[8:].decode("utf-8", "replace")
-                self._end(grpc.StatusCode.UNAVAILABLE, f"the server closed the connection (GOAWAY, HTTP/2 error "
-                           f"{code}{': ' + debug if debug else ''})")
+            self._goaway(last & 0x7FFFFFFF, code, payload[8:])
         # PRIORITY, PUSH_PROMISE (push is off) and unknown frame types carry nothing for this stream
 
     def _settings(self, payload: bytes) -> None:
@@ -452,64 +591,23 @@ class GrpcStream(asyncio.Protocol):
             headers = self._decoder.decode(bytes(self._block))
         except hpack.HPACKError as exc:
             raise _ProtocolError(f"undecodable headers: {exc}") from None
-        if stream != STREAM:
-            return
-        if not self._block_ends and not self._got_headers:
-            self._got_headers = True
-            self._on_headers(headers)
-            return
-        status, message = None, ""
-        for k, v in headers:
-            if k == "grpc-status":
-                status = int(v) if v.isdigit() else None
-            elif k == "grpc-message":
-                message = unquote(v)
-            elif k == ":status" and v != "200":
-                message = message or f"HTTP status {v}"
-        code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
-        self._end(code, message if status is not None or message else "the answer ended without a gRPC status")
-
-    # ---- ending -----------------------------------------------------------------------------
-
-    def _check_alive(self) -> None:
-        """The keepalive: a PING after `keepalive` seconds of silence while answers are due."""
-        if self._ended:
-            return
-        now = self._loop.time()
-        if self._ping_sent is not None and now - self._ping_sent >= self._keepalive_timeout:
-            self._end(grpc.StatusCode.UNAVAILABLE,
-                       f"no answer to a keepalive PING within {self._keepalive_timeout:g}s")
-            return
-        if self._heard or not self._awaiting():
-            self._heard = False
-        elif self._ping_sent is None:
-            self._ping_sent = now
-            self._send(frame(PING, 0, 0, b"pybk-ka!"))
-        delay = self._keepalive if self._ping_sent is None else self._keepalive_timeout
-        self._timer = self._loop.call_later(delay, self._check_alive)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        why = "connection closed" if self._spoke else CLOSED_AT_ONCE
-        self._end(grpc.StatusCode.UNAVAILABLE, f"{why}: {exc}" if exc else why)
-
-    def _end(self, code: grpc.StatusCode, details: str) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        self._stop()
-        self._on_end(code, details)
+        if stream == STREAM:
+            self._headers(headers, self._block_ends)
 
     def _stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._connecting is not None and not self._connecting.done():
-            self._connecting.cancel()
+        super()._stop()
         self._out.clear()
         self._out_bytes = 0
-        if self._transport is not None:
-            self._transport.close()
+
+
+def stream_class(engine: str | None = None) -> type[ClientStream]:
+    """The client stream class of an HTTP/2 engine: `engine`, else PYBK_HTTP2_CLIENT_ENGINE,
+    else PYBK_HTTP2_ENGINE, else `own` (pybk.transport.http2_engine). ValueError names an
+    unknown one."""
+    if http2_engine(engine, client=True) == "ngh2":
+        from pybk.transport.ngh2_client import GrpcStream as Ngh2Stream
+        return Ngh2Stream
+    return GrpcStream
 
 
 class _ProtocolError(Exception):
