@@ -141,7 +141,8 @@ class GrpcStream(ClientStream):
             return
         finally:
             self._in_receive = False
-        self._flush()
+        if h2.want_write:   # acknowledgements, credit, or what the callbacks wrote (an empty pull costs more)
+            self._flush()
 
     def _events(self, events: list) -> None:
         own = self._stream_id
