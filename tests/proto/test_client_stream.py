@@ -5,6 +5,7 @@ loopback; and against raw sockets that answer what a broken, silent or departing
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import socket
 import ssl
 import struct
@@ -435,4 +436,13 @@ def test_the_client_engine_follows_its_variable_then_the_server_s(monkeypatch):
     monkeypatch.setenv(CLIENT_ENGINE_VARIABLE, "nghttp3")
     with pytest.raises(ValueError,
                        match=f"^HTTP/2 engine 'nghttp3' \\({CLIENT_ENGINE_VARIABLE}\\) is not one of own, ngh2"):
+        http2.stream_class()
+
+
+def test_the_ngh2_engine_without_its_package_says_which_to_install(monkeypatch):
+    monkeypatch.delenv(CLIENT_ENGINE_VARIABLE, raising=False)
+    monkeypatch.setenv(ENGINE_VARIABLE, "ngh2")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError,
+                       match=f"^HTTP/2 engine 'ngh2' \\({ENGINE_VARIABLE}\\) needs the ngh2 package: pip install"):
         http2.stream_class()
