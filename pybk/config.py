@@ -297,8 +297,32 @@ BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
            parse_size),
     Option("max_read_buffer_bytes", "bytes of read answers handed to gRPC and not yet taken by their clients, "
            "over all Read streams; further reads wait until slow readers take theirs", "64MiB", parse_size),
+    Option("max_client_memory", "bytes the bookie's gRPC port holds for all its clients together: requests "
+           "received ahead of their processing and answers not yet read; above half of it no client gets "
+           "flow-control credit ahead of processing, above all of it the connection holding the most is "
+           "ended (GOAWAY ENHANCE_YOUR_CALM)", "512MiB", parse_size),
     Option("read_stream_timeout", "seconds a Read stream may wait for its client to take the next answer "
            "before the bookie cancels it", 30.0, Number(float, 0.1)),
+    Option("max_connections", "gRPC connections held at once, from all clients; one more is closed as soon "
+           "as it is accepted (before TLS), counted in pybk_bookie_connections_refused_total. Lowered at start to "
+           "what the open-files limit allows after reserved_descriptors. 0 = as many as that allows", 4096,
+           Number(int, 0)),
+    Option("max_connections_per_peer", "gRPC connections held at once from one IP address (clients behind one "
+           "NAT share theirs); one more is closed as it is accepted. 0 = no limit below max_connections", 512,
+           Number(int, 0)),
+    Option("reserved_descriptors", "file descriptors kept for the bookie's own files and calls (journal, entry "
+           "logs, index, checkpoints, admin HTTP, etcd, autorecovery's connections) whatever clients do: at start "
+           "the bookie raises its open-files limit to the hard limit, and max_connections is at most that limit "
+           "less this; the bookie refuses to start if fewer than 16 connections would be left", 1024,
+           Number(int, 0)),
+    Option("handshake_timeout", "seconds a new gRPC connection has to finish its TLS handshake and send the "
+           "HTTP/2 connection preface; then it is dropped (0 = no limit)", 10.0, Number(float, 0)),
+    Option("idle_timeout", "seconds a gRPC connection with no call open is kept; then the bookie closes it with "
+           "a GOAWAY (NO_ERROR) and clients reconnect for their next call (0 = kept)", 300.0, Number(float, 0)),
+    Option("keepalive_interval", "seconds a gRPC connection may be silent before the bookie sends it a PING "
+           "(0 = no PINGs; clients ping every 10 s themselves)", 60.0, Number(float, 0)),
+    Option("keepalive_timeout", "seconds the bookie waits for anything from a client after its PING; then it "
+           "drops the connection (a client gone without closing it)", 20.0, Number(float, 0.1)),
     Option("gc_interval", "seconds between garbage collections of ledgers deleted from the metadata "
            "(0 = only on request: POST /api/v1/bookie/gc)", 600.0, Number(float, 0)),
     Option("scrub_interval", "seconds between scrubs, which check every checkpointed entry against its "
@@ -353,9 +377,8 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
-    "PYBK_HTTP2_ENGINE": "the HTTP/2 engine of the bookie's gRPC server and of clients' Add streams: `own` "
-                         "(pybk.proto.h2server and pybk.proto.http2, the default) or `ngh2` (libnghttp2 through the "
-                         "ngh2 package: pip install -e '.[ngh2]')",
+    "PYBK_HTTP2_ENGINE": "the bookie's gRPC server: its HTTP/2 engine, `ngh2` (libnghttp2, the default) or `own` "
+                         "(pybk.proto.h2server, hand-written, kept to compare against while it is measured)",
     "PYBK_HTTP2_CLIENT_ENGINE": "the HTTP/2 engine of clients' Add streams alone, `own` or `ngh2` (default: "
                                 "PYBK_HTTP2_ENGINE's), e.g. to measure one client against bookies on the other",
 }

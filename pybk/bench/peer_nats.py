@@ -99,11 +99,18 @@ def _accepts(port: int) -> bool:
 
 
 async def _create_stream(js, procs: list[ChildProcess], timeout: float = 60) -> None:
-    """Create the R3 file stream, retrying while the cluster elects its meta leader."""
+    """Create the R3 file stream and wait until it takes a publish, retrying while the cluster
+    elects its meta leader and then the stream's (on a busy machine a publish right after the
+    stream was created found no responder)."""
     deadline = time.monotonic() + timeout
+    created = False
     while True:
         try:
-            await js.add_stream(name=STREAM, subjects=[STREAM], num_replicas=SERVERS, storage="file")
+            if not created:
+                await js.add_stream(name=STREAM, subjects=[STREAM], num_replicas=SERVERS, storage="file")
+                created = True
+            await js.publish(STREAM, b"ready", timeout=2)
+            await js.purge_stream(STREAM)  # the stream holds only what is measured
             return
         except Exception as e:
             dead = [p for p in procs if not p.alive()]
@@ -111,7 +118,7 @@ async def _create_stream(js, procs: list[ChildProcess], timeout: float = 60) -> 
                 raise RuntimeError(f"{dead[0].name} exited while the stream was created; log "
                                    f"{dead[0].log_path}:\n{dead[0].log_tail()}") from e
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no R3 JetStream stream within {timeout:.0f}s: {e!r}") from e
+                raise TimeoutError(f"no R3 JetStream stream taking publishes within {timeout:.0f}s: {e!r}") from e
             await asyncio.sleep(0.3)
 
 

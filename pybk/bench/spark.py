@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from pybk import eventloop
 
+PASSWORD = b"bench"  # the benchmark ledgers' (a secured cluster refuses ledgers without one)
 
 def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -71,7 +72,7 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
 
     async def one(n: int) -> int:
         lh = await bk.create_ledger(ensemble=args.ensemble, write_quorum=args.write_quorum,
-                                    ack_quorum=args.ack_quorum, password=b"")
+                                    ack_quorum=args.ack_quorum, password=PASSWORD)
         window: list = []
         for _ in range(n):
             window.append(lh.add_entry_async(os.urandom(args.entry_size)))
@@ -90,7 +91,7 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
 
 
 def _pybk_frame(spark, uri: str, ledgers: list[int], args: argparse.Namespace):
-    r = (spark.read.format("pybk").option("metadataServiceUri", uri)
+    r = (spark.read.format("pybk").option("metadataServiceUri", uri).option("password", PASSWORD.decode())
          .option("ledgers", ",".join(map(str, ledgers))))
     if args.entries_per_partition:
         r = r.option("entriesPerPartition", str(args.entries_per_partition))

@@ -161,6 +161,7 @@ class Bookie:
         self.ledgers: dict[int, LedgerState] = {}
         self.cache = WriteCache()
         self.flushing: WriteCache | None = None
+        self._indexed_last: dict[int, int] = {}  # ledger -> highest entry id in the index (-1: none), as looked up
         self.read_only_forced = False
         self.read_only_disk = False
         self.journal_failed = False  # a journal write failed: read-only until restarted
@@ -338,7 +339,13 @@ class Bookie:
         are accepted (and record no key). `admit(ledger, key)` decides a key this bookie would
         record first for a ledger (state.needs_admission): (OK, "") to accept, a refusal, or
         (LOOKUP, "") when the metadata must be read first (those entries are answered LOOKUP for
-        the service to add again). None accepts every first key (a bookie without metadata)."""
+        the service to add again). None accepts every first key (a bookie without metadata).
+
+        Entries are write-once: an entry id already held (write cache, checkpoint in flight or
+        index) is accepted again only with the same bytes (a retry, a recovery add), journaled
+        again like a new one, and refused ENTRY_EXISTS with other bytes, the stored entry staying.
+        New ids are the common case and cost one comparison each: only an id at or below the
+        ledger's highest held one (`_held_last`, once per run) is looked up (`_existing`)."""
         errors: list[tuple[int, int, str]] = []
         if self.read_only:
             return [(i, pb.READ_ONLY, "bookie is read-only") for i in range(_count(runs))], None
@@ -368,6 +375,9 @@ class Bookie:
             decided = False
             refusal = None
             refused = len(errors)
+            high = -1            # ids above it are new (_held_last, then the run's accepted ids)
+            earlier: dict = {}   # the run's accepted entries before index `seen`, filled on the rare path
+            start = seen = i + 1
             for eid, body in zip(r.entry_ids, r.bodies):
                 i += 1
                 size = len(body)
@@ -398,12 +408,27 @@ class Bookie:
                             cur_key = key
                             cur_recovery_only = st.fenced or not key
                             cur_lac = st.lac
+                    if refusal is None:
+                        high = self._held_last(ledger)
                 if refusal is not None:
                     errors.append((i, *refusal))
                     continue
                 if cur_recovery_only and not recovery:
                     errors.append((i, pb.FENCED, f"ledger {ledger} is fenced") if cur_key else (i, _BAD, KEY_MISSING))
                     continue
+                if eid > high:
+                    high = eid
+                else:  # an id this bookie, or this run, may hold already: the rare path
+                    _catch_up(earlier, r, start, seen, i, errors, refused)
+                    seen = i + 1
+                    held = self._existing(ledger, eid)
+                    if held is None:
+                        held = earlier.get(eid)
+                    if held is not None and held != body:
+                        errors.append((i, pb.ENTRY_EXISTS, f"entry {ledger}:{eid} is stored here with other bytes: "
+                                                            f"entries are write-once, the stored one stays"))
+                        continue
+                    earlier[eid] = body
                 if hlac > cur_lac:
                     cur_lac = hlac
             ids, bodies, packed = r.entry_ids, r.bodies, r.packed
@@ -457,6 +482,32 @@ class Bookie:
             st.dirty = True
         append(encode_record(_MASTER_KEY, ledger, -1, key))
         return st, None
+
+    def _held_last(self, ledger: int) -> int:
+        """The highest entry id of `ledger` this bookie may hold (-1: none): in the write cache, the
+        checkpoint in flight or the index. The index's is looked up once per ledger and then kept
+        up to date by checkpoints; entries dropped later (scrub) can leave it high, which only
+        costs lookups."""
+        last = self.cache._last.get(ledger, -1)
+        flushing = self.flushing
+        if flushing is not None:
+            last = max(last, flushing._last.get(ledger, -1))
+        indexed = self._indexed_last.get(ledger)
+        if indexed is None:
+            found = self.index.last_entry(ledger)
+            indexed = self._indexed_last[ledger] = -1 if found is None else found
+        return max(last, indexed)
+
+    def _existing(self, ledger: int, entry: int) -> bytes | memoryview | None:
+        """The body of an entry this bookie holds, None if it holds none, or none it can read (a
+        rotted record: the add then stores a good copy in its place). An entry in the entry logs
+        is read here, on the event loop: only adds of ids already held come here (retries,
+        recovery adds), each at most one message's worth of entries."""
+        try:
+            return self.read_entry(ledger, entry)
+        except BookieStorageError as exc:
+            log.warning("entry %d:%d cannot be read (%s): an add stores it again", ledger, entry, exc)
+            return None
 
     def _raise_lac(self, st: LedgerState, lac: int, ledger: int, changed: set[int]) -> None:
         """Keep the highest LAC a ledger's adds carried; note the ledger when long-polls wait on it."""
@@ -691,6 +742,7 @@ class Bookie:
             dropped = 0
             for ledger in ledgers:
                 self.ledgers.pop(ledger, None)
+                self._indexed_last.pop(ledger, None)
                 dropped += self.cache.drop_ledger(ledger)
                 self._wake_lac(ledger)
             dropped += await asyncio.get_running_loop().run_in_executor(None, self.index.delete_ledgers, ledgers)
@@ -773,6 +825,10 @@ class Bookie:
                     st.dirty = False
             try:
                 await asyncio.get_running_loop().run_in_executor(None, self._flush, snap, dirty, mark)
+                indexed = self._indexed_last
+                for ledger, last in snap._last.items():  # the snapshot's entries are in the index now
+                    if ledger in indexed and last > indexed[ledger]:
+                        indexed[ledger] = last
             except BaseException as exc:
                 self.cache.merge_from(snap)
                 for ledger, _ in dirty:
@@ -926,6 +982,23 @@ class Bookie:
             self.read_only_disk = False
         if before != self.read_only:
             self._read_only_changed()
+
+
+def _catch_up(earlier: dict, run: AddRun, start: int, seen: int, i: int, errors: list[tuple[int, int, str]],
+              refused: int) -> None:
+    """Add to `earlier` (entry id -> body) the entries of `run`, whose first has batch index
+    `start`, from index `seen` up to `i` (excluded) that were not refused: what a later entry of
+    the run may repeat. The run's refusals are errors[refused:], in index order, so those at or
+    after `seen` are their tail."""
+    out = set()
+    k = len(errors) - 1
+    while k >= refused and errors[k][0] >= seen:
+        out.add(errors[k][0])
+        k -= 1
+    ids, bodies = run.entry_ids, run.bodies
+    for j in range(seen, i):
+        if j not in out:
+            earlier[ids[j - start]] = bodies[j - start]
 
 
 def _has_entry_logs(ledger_dirs: list[Path]) -> bool:

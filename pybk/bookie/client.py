@@ -47,6 +47,8 @@ class Status(enum.IntEnum):
     # the caller's credential was refused (no or an unknown one, or a role too low): an add's
     # answer, or a call that ended UNAUTHENTICATED or PERMISSION_DENIED. Every bookie would refuse.
     ACCESS_DENIED = pb.ACCESS_DENIED
+    # the bookie holds this entry id with other bytes (entries are write-once): an add's answer
+    ENTRY_EXISTS = pb.ENTRY_EXISTS
 
 
 class BookieError(Exception):

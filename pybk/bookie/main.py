@@ -6,6 +6,7 @@ import asyncio
 import json
 import secrets
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -18,6 +19,7 @@ import pybk
 from pybk import config, eventloop, logformat
 from pybk.eventloop import EventLoopError
 from pybk.meta import BookieInfo
+from pybk.proto.grpc_server import ConnectionLimits
 from pybk.recovery.options import from_config as recovery_options
 from pybk.security.auth import AuthFileError
 from pybk.security.roles import Principal, Role
@@ -38,6 +40,50 @@ from .service import BookieService, Limits, make_server, message_limit
 
 log = logging.getLogger("pybk.bookie")
 PROBE_TIMEOUT = 2.0  # seconds the readiness check waits for this bookie's own Info call
+MIN_CONNECTIONS = 16  # gRPC connections the open-files limit must leave room for, or the bookie does not start
+
+
+class DescriptorError(Exception):
+    """The open-files limit leaves too few descriptors for gRPC connections after the reserve."""
+
+
+def open_files_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (connections and the bookie's own
+    files share it) and return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:  # Linux allows at most fs.nr_open
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, exc)
+    return soft
+
+
+def connection_limits(cfg: dict[str, Any], open_files: int) -> ConnectionLimits:
+    """The gRPC port's connection limits: max_connections lowered to what the open-files limit
+    leaves after reserved_descriptors, so that the journal, entry logs, index and checkpoints
+    never lack a descriptor however many clients connect. DescriptorError if fewer than
+    MIN_CONNECTIONS would be left."""
+    room = open_files - cfg["reserved_descriptors"]
+    if room < MIN_CONNECTIONS:
+        raise DescriptorError(
+            f"the open-files limit ({open_files}, RLIMIT_NOFILE, already raised to its hard limit) leaves "
+            f"{max(room, 0)} descriptors for gRPC connections after reserved_descriptors "
+            f"{cfg['reserved_descriptors']}, fewer than {MIN_CONNECTIONS}: raise the limit (ulimit -n, systemd's "
+            f"LimitNOFILE, the container runtime's nofile) or lower reserved_descriptors")
+    configured = cfg["max_connections"]
+    return ConnectionLimits(max_connections=min(configured, room) if configured else room,
+                            max_connections_per_peer=cfg["max_connections_per_peer"],
+                            handshake_timeout=cfg["handshake_timeout"], idle_timeout=cfg["idle_timeout"],
+                            keepalive_interval=cfg["keepalive_interval"],
+                            keepalive_timeout=cfg["keepalive_timeout"])
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_options(parser, config.BOOKIE)
@@ -53,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         sys.setswitchinterval(0.0005)  # the journal thread gets the GIL back soon after fdatasync
         return eventloop.run(BookieServer(cfg).serve(), cfg["event_loop"])
     except (EventLoopError, CookieMismatchError, JournalCorruptError, JournalGapError, IndexDamagedError, DirsInUseError,
-            CertificateError, AuthFileError, SecurityConfigError) as exc:
+            CertificateError, AuthFileError, SecurityConfigError, DescriptorError) as exc:
         logformat.fatal(log.name, f"pybk bookie: refusing to start: {exc}")
         return 3
     except OSError as exc:
@@ -186,11 +232,15 @@ class BookieServer:
                         max_add_bytes_in_flight=cfg["max_add_bytes_in_flight"],
                         max_add_bytes_in_flight_per_connection=cfg["max_add_bytes_in_flight_per_connection"],
                         max_read_buffer_bytes=cfg["max_read_buffer_bytes"],
+                        max_client_memory=cfg["max_client_memory"],
                         read_stream_timeout=cfg["read_stream_timeout"])
+        open_files = open_files_limit()
+        connections = connection_limits(cfg, open_files)
         security = self.security
         service = BookieService(self.storage, self.bookie_id, cfg["zone"], limits=limits,
                                 authenticator=security.authenticator)
-        grpc_server = make_server(service, _listen(cfg["host"], cfg["port"], "gRPC"), security.grpc_ssl())
+        grpc_server = make_server(service, _listen(cfg["host"], cfg["port"], "gRPC"), security.grpc_ssl(),
+                                  connections)
         http_ssl = security.http_ssl()
         try:
             http_sock = _listen(cfg["host"], cfg["http_port"], "HTTP")
@@ -262,6 +312,9 @@ class BookieServer:
                  self.grpc_endpoint, "TLS" if security.tls else "plaintext", self.http_endpoint, eventloop.running())
         for warning in security.warnings(self.grpc_endpoint):
             log.warning("%s", warning)
+        log.info("gRPC connections: at most %d (max_connections %d, open-files limit %d less "
+                 "reserved_descriptors %d), %s per peer", connections.max_connections, cfg["max_connections"],
+                 open_files, cfg["reserved_descriptors"], connections.max_connections_per_peer or "any")
         print(logformat.event_line(log.name, "ready", event="ready", bookie_id=self.bookie_id,
                                    grpc=self.grpc_endpoint, http=self.http_endpoint,
                                    event_loop=eventloop.running()), flush=True)

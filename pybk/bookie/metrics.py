@@ -86,6 +86,20 @@ class Metrics:
                                           "compaction", registry=r)
         self.gc_seconds = Histogram("pybk_bookie_gc_seconds", "garbage collection round duration",
                                     buckets=(.01, .1, .5, 1, 5, 15, 60, 300, 1800), registry=r)
+        self.connections = Gauge("pybk_bookie_connections", "gRPC connections open now", registry=r)
+        self.connection_limit = Gauge("pybk_bookie_connection_limit", "gRPC connections held at most (max_connections "
+                                      "as the open-files limit allows)", registry=r)
+        self.connections_refused = Counter("pybk_bookie_connections_refused", "gRPC connections closed as soon as "
+                                           "accepted, by the limit they met: max_connections, "
+                                           "max_connections_per_peer", ["reason"], registry=r)
+        self.connections_closed = Counter("pybk_bookie_connections_closed", "gRPC connections the bookie ended, by "
+                                          "reason: handshake_timeout (no TLS handshake and HTTP/2 preface in time), "
+                                          "idle (no call for idle_timeout, GOAWAY), keepalive (no answer to a PING)",
+                                          ["reason"], registry=r)
+        for reason in ("max_connections", "max_connections_per_peer"):
+            self.connections_refused.labels(reason)
+        for reason in ("handshake_timeout", "idle", "keepalive"):
+            self.connections_closed.labels(reason)
         self.loop_lag = Histogram("pybk_event_loop_lag_seconds", "how late the event loop ran a timer "
                                   "(time it was busy with other work)",
                                   buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.grpc_server import Kind, Method, Server
+from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 
@@ -46,6 +46,7 @@ class Limits:
     max_add_bytes_in_flight: int = 256 * 1024 * 1024
     max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
     max_read_buffer_bytes: int = 64 * 1024 * 1024
+    max_client_memory: int = 512 * 1024 * 1024
     read_stream_timeout: float = 30.0
 
 
@@ -181,6 +182,12 @@ class BookieService(rpc.BookieServicer):
                 else grpc.StatusCode.PERMISSION_DENIED
             self.bookie.metrics.denied.labels(operation.value, code.name).inc()
             return None, code, f"{operation.value} refused: {exc.message}"
+
+    def identifies(self, context) -> bool:
+        """Whether a call carries a credential this bookie knows (any role; True with authentication
+        off): its connection is then given its full flow-control window and memory budget."""
+        auth = self.authenticator
+        return auth is None or auth.knows_grpc(context)
 
     async def _authorize(self, context, operation: Operation) -> Principal:
         """The caller's Principal if it may perform `operation`; otherwise the call ends
@@ -692,8 +699,18 @@ def _methods(service: BookieService) -> list[Method]:
     return methods
 
 
-def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext | None = None) -> Server:
+def make_server(service: BookieService, sock: socket.socket, tls: ssl.SSLContext | None = None,
+                connections: ConnectionLimits = ConnectionLimits()) -> Server:
     """The bookie's gRPC server on a listening socket, over TLS with `tls` (an SSLContext
-    offering ALPN h2, certificates following their files). A message bigger than the service's
-    max_message_size ends its call RESOURCE_EXHAUSTED."""
-    return Server(_methods(service), sock, service.limits.max_message_size, tls)
+    offering ALPN h2, certificates following their files), holding connections to `connections`
+    (counted in the bookie's metrics) and what it holds for clients to the service's
+    max_client_memory. A message bigger than the service's max_message_size ends its call
+    RESOURCE_EXHAUSTED."""
+    m = service.bookie.metrics
+    server = Server(_methods(service), sock, service.limits.max_message_size, tls, connections,
+                    on_refused=lambda reason: m.connections_refused.labels(reason).inc(),
+                    on_closed=lambda reason: m.connections_closed.labels(reason).inc(),
+                    budget_bytes=service.limits.max_client_memory, identify=service.identifies)
+    m.connections.set_function(lambda: server.connections)
+    m.connection_limit.set(connections.max_connections)
+    return server

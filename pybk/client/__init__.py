@@ -9,12 +9,12 @@ from pybk.entry import DigestType
 
 from .bookkeeper import BookKeeper, ClientOptions
 from .errors import (AccessDeniedError, BKError, BookieUnavailableError, DigestMismatchError,
-                     InvalidLedgerConfigError, LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
+                     InsecureLedgerError, InvalidLedgerConfigError, LedgerClosedError, LedgerFencedError, LedgerRecoveryError,
                      NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError, UnauthorizedError)
 from .handle import LedgerHandle
 from .types import EntryChunk, LedgerEntry
 
 __all__ = ["AccessDeniedError", "BookKeeper", "ClientOptions", "DigestType", "EntryChunk", "LedgerHandle", "LedgerEntry",
-           "BKError", "BookieUnavailableError", "DigestMismatchError", "InvalidLedgerConfigError", "LedgerClosedError",
+           "BKError", "BookieUnavailableError", "DigestMismatchError", "InsecureLedgerError", "InvalidLedgerConfigError", "LedgerClosedError",
            "LedgerFencedError", "LedgerRecoveryError", "NoSuchEntryError",
            "NoSuchLedgerError", "NotEnoughBookiesError", "UnauthorizedError"]

@@ -16,8 +16,8 @@ from pybk.security.settings import ClientSecurity
 from pybk.security.roles import Operation, Role, allowed
 
 from . import placement, quorum
-from .errors import (BookieUnavailableError, InvalidLedgerConfigError, NoSuchLedgerError, NotEnoughBookiesError,
-                     UnauthorizedError)
+from .errors import (BookieUnavailableError, InsecureLedgerError, InvalidLedgerConfigError, NoSuchLedgerError,
+                     NotEnoughBookiesError, UnauthorizedError)
 from .handle import LedgerHandle
 from .recovery import recover
 
@@ -51,6 +51,18 @@ def delete_refusal(ledger_id: int, stored_hash: bytes, password: bytes | None, f
     if password_hash(password) != stored_hash:
         return f"wrong password for ledger {ledger_id}: not deleted"
     return ""
+
+
+def public_key_refusal(password: bytes | None, security: ClientSecurity) -> str:
+    """Why a ledger may not be created with this password ("" if it may): with security on (the
+    client has TLS or credentials), no password would give the ledger the empty password's master
+    key, which anyone can compute, and so let every caller with the writer role add to it and
+    fence it. Without security anyone may do anything anyway, and no password stays allowed."""
+    if password or not security.secured:
+        return ""
+    return ("refusing to create a ledger without a password: with security on, its master key would be "
+            "the empty password's, which anyone can compute, so any caller with the writer role could add "
+            "to the ledger and fence it")
 
 
 class BookKeeper:
@@ -100,13 +112,20 @@ class BookKeeper:
 
     async def create_ledger(self, ensemble: int | None = None, write_quorum: int | None = None,
                             ack_quorum: int | None = None, digest: DigestType = DigestType.CRC32C,
-                            password: bytes = b"", metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
+                            password: bytes | None = None, metadata: Mapping[str, bytes] | None = None
+                            ) -> LedgerHandle:
         """Create a ledger on `ensemble` bookies chosen by placement; returns its write handle.
         Without an ensemble, the cluster's stored ledger defaults apply (E/Qw/Qa, for the quorums
         not given; none stored: E 3). Otherwise `write_quorum` defaults to `ensemble` and
         `ack_quorum` to `write_quorum`. Its metadata keeps one-way hashes of the password and of
         the master key, never the key: bookies verify the key with it, autorecovery repairs the
-        ledger with its admin role."""
+        ledger with its admin role. With security on (this client has TLS or credentials) a
+        password is required (InsecureLedgerError): without one the master key is public."""
+        refusal = public_key_refusal(password, self.security)
+        if refusal:
+            raise InsecureLedgerError(f"{refusal}\npass password=: a long random secret, which whoever reads or "
+                                      f"deletes the ledger needs too")
+        password = password or b""
         if ensemble is None:
             stored = await self.store.cluster.ledger_defaults()
             ensemble, qw, qa = stored.geometry() if stored is not None else (3, 3, 3)

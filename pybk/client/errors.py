@@ -18,6 +18,11 @@ class InvalidLedgerConfigError(BKError, ValueError):
     """Ensemble, write quorum and ack quorum must satisfy E >= Qw >= Qa >= 1."""
 
 
+class InsecureLedgerError(BKError, ValueError):
+    """With security on, a ledger must have a password: the empty one gives it a master key anyone
+    can compute."""
+
+
 class LedgerFencedError(BKError):
     """The ledger was fenced by a recovering reader: this writer may no longer add.
 

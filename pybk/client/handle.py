@@ -221,6 +221,10 @@ class LedgerHandle:
         elif what is Reaction.DENIED:
             self._fail(AccessDeniedError(f"bookie {bookie} refused to add to ledger {self.ledger_id}: "
                                          f"{getattr(exc, 'message', exc)}"))
+        elif what is Reaction.EXISTS:
+            self._fail(BKError(f"bookie {bookie} already holds entry {eid} of ledger {self.ledger_id} with other "
+                               f"bytes (entries are write-once: another writer wrote this ledger?); this handle can "
+                               f"add no more: {getattr(exc, 'message', exc)}"))
         elif what is Reaction.REFUSED:
             self._fail(BKError(f"bookie {bookie} refused entry {eid} of ledger {self.ledger_id} as a bad "
                                f"request ({getattr(exc, 'message', exc)}); this handle can add no more"))

@@ -12,12 +12,13 @@ class Reaction(enum.Enum):
     UNAUTHORIZED = "unauthorized"  # the bookie refused the master key: so would every bookie
     DENIED = "denied"              # the bookie refused this client's credential: so would every bookie
     REFUSED = "refused"            # a bad request (e.g. too large): no ensemble change helps
+    EXISTS = "exists"              # the bookie holds the entry with other bytes: another writer wrote it
     RESEND_LATER = "resend_later"  # back-pressure: send the same entry to the same bookie soon
     REPLACE_BOOKIE = "replace"     # the bookie failed (or gave no answer): change the ensemble
 
 
 _REACTIONS = {Status.FENCED: Reaction.FENCED, Status.UNAUTHORIZED: Reaction.UNAUTHORIZED,
-              Status.ACCESS_DENIED: Reaction.DENIED,
+              Status.ACCESS_DENIED: Reaction.DENIED, Status.ENTRY_EXISTS: Reaction.EXISTS,
               Status.BAD_REQUEST: Reaction.REFUSED, Status.TOO_MANY_REQUESTS: Reaction.RESEND_LATER}
 
 

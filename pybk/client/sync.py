@@ -85,7 +85,7 @@ class BookKeeper:
             raise
 
     def create_ledger(self, ensemble: int | None = None, write_quorum: int | None = None, ack_quorum: int | None = None,
-                      digest: DigestType = DigestType.CRC32C, password: bytes = b"",
+                      digest: DigestType = DigestType.CRC32C, password: bytes | None = None,
                       metadata: dict[str, bytes] | None = None) -> LedgerHandle:
         return LedgerHandle(self._loop, self._loop.run_until_complete(self._bk.create_ledger(
             ensemble, write_quorum, ack_quorum, digest, password, metadata)))

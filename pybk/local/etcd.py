@@ -37,7 +37,12 @@ class EtcdTls:
     """TLS on etcd's client port: its certificate and key, and the CA that signed it. With
     client_cert_auth, etcd accepts only clients with a certificate signed by that CA
     (`--client-cert-auth --trusted-ca-file`; etcd then takes the certificate's common name as
-    the etcd user of a call that carries no token)."""
+    the etcd user of a call that carries no token).
+
+    The peer port (members' raft traffic) serves TLS with the same certificate and accepts only
+    peers that present a certificate of that CA with the same common name: a single local member
+    has no peers, and nobody else who reaches the port, other holders of the CA's certificates
+    included, can speak raft to it. A plaintext peer port would take a forged member's messages."""
 
     cert: Path
     key: Path
@@ -46,9 +51,14 @@ class EtcdTls:
 
     def argv(self) -> list[str]:
         """etcd's flags for this TLS setting (file names only)."""
+        from pybk.security.tls import file_common_name
         args = ["--cert-file", str(self.cert), "--key-file", str(self.key)]
         # etcd requires client certificates as soon as it has a --trusted-ca-file
-        return args + (["--client-cert-auth", "--trusted-ca-file", str(self.ca)] if self.client_cert_auth else [])
+        if self.client_cert_auth:
+            args += ["--client-cert-auth", "--trusted-ca-file", str(self.ca)]
+        return args + ["--peer-cert-file", str(self.cert), "--peer-key-file", str(self.key),
+                       "--peer-trusted-ca-file", str(self.ca), "--peer-client-cert-auth",
+                       "--peer-cert-allowed-cn", file_common_name(self.cert)]
 
     def uri_options(self) -> dict[str, str]:
         """The metadata URI options a client needs to reach this etcd (tls_ca; with client
@@ -72,7 +82,7 @@ class EtcdProcess(ChildProcess):
 
     Fast election settings make it ready in about 0.1 s. restart() starts it again on
     the same data dir and ports, as an etcd restart in production would. With `tls`, clients
-    reach it over https only; `auth_token_ttl` (seconds, etcd's default 300) bounds how long an
+    reach it over https only, and its peer port speaks TLS to its own certificate only (EtcdTls); `auth_token_ttl` (seconds, etcd's default 300) bounds how long an
     idle authentication token lives once etcd auth is on (see pybk.meta.etcd_auth).
     """
 
@@ -84,7 +94,7 @@ class EtcdProcess(ChildProcess):
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
         self.client_url = f"{'https' if tls else 'http'}://{host}:{self.client_port}"
-        peer_url = f"http://{host}:{self.peer_port}"
+        self.peer_url = peer_url = f"{'https' if tls else 'http'}://{host}:{self.peer_port}"
         argv = [etcd_binary(), "--name", "pybk-etcd", "--data-dir", str(self.data_dir / "etcd"),
                 "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,

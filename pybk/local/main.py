@@ -246,12 +246,16 @@ def _status(args: argparse.Namespace) -> int:
         print(f"metadata service URI: {doc['metadata_service_uri']}")
         if doc.get("security"):
             print(f"security: on (TLS, etcd auth, tokens; files in {data_dir / 'security'})")
-        print(f"{'PROCESS':<15} {'PID':<8} {'STATE':<8} ENDPOINTS")
-        print(f"{'etcd':<15} {doc['etcd']['pid']:<8} {state(doc['etcd']['alive']):<8} {doc['etcd']['client_url']}")
+        restarts = lambda p: f"{p.get('restarts', 0)}" + (f" (last exit {p['last_exit_code']})"
+                                                          if p.get("last_exit_code") is not None else "")
+        print(f"{'PROCESS':<15} {'PID':<8} {'STATE':<8} {'RESTARTS':<20} ENDPOINTS")
+        print(f"{'etcd':<15} {doc['etcd']['pid']:<8} {state(doc['etcd']['alive']):<8} {restarts(doc['etcd']):<20} "
+              f"{doc['etcd']['client_url']}")
         for b in doc["bookies"]:
-            print(f"{b['id']:<15} {b['pid']:<8} {state(b['alive']):<8} grpc {b['grpc']}  http {b['http']}")
+            print(f"{b['id']:<15} {b['pid']:<8} {state(b['alive']):<8} {restarts(b):<20} grpc {b['grpc']}  "
+                  f"http {b['http']}")
         for r in doc["autorecovery"]:
-            print(f"{r['id']:<15} {r['pid']:<8} {state(r['alive']):<8} http {r['http']}")
+            print(f"{r['id']:<15} {r['pid']:<8} {state(r['alive']):<8} {restarts(r):<20} http {r['http']}")
         last = doc["last_apply"]
         if last:
             outcome = "in progress" if not last.get("done") else (f"failed: {last['error']}" if last.get("error")

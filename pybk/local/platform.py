@@ -8,6 +8,12 @@ autorecovery processes (`autorecovery-0`, ...) under a data dir (see `datadir` f
 `reconcile()` loops observe -> `pybk.cluster.controller.plan` -> act, the same controller and
 the same etcd side the Kubernetes operator uses. Ports and directories of an ordinal never
 change (`slots`), so a restarted bookie keeps its cookie.
+
+A child that exits without being asked to (a crash, kill -9) is started again, as a StatefulSet
+restarts its pod: after RESTART_DELAY seconds, doubling with each crash in a row up to
+RESTART_MAX_DELAY (Kubernetes' CrashLoopBackOff); a process that ran RESTART_STABLE seconds
+starts the count afresh. `restart_crashed()` does it (the supervisor calls it as it polls), and
+local.json shows each process's restarts.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import logging
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -39,6 +46,29 @@ from .slots import BOOKIE_PREFIX, BookieSlot, Ports, bookie_id, ordinal_of
 log = logging.getLogger("pybk.local")
 
 Conditions = list[dict[str, Any]]
+RESTART_DELAY = 1.0        # seconds before a crashed child is started again, the first time
+RESTART_MAX_DELAY = 60.0   # ... doubling with each crash in a row up to this
+RESTART_STABLE = 60.0      # a child that ran this long before it crashed starts the doubling afresh
+
+
+@dataclass
+class Restarts:
+    """One child's restarts: how many so far, the crashes in a row (each within RESTART_STABLE of
+    its start), when it last started, and when it is due to start again while it is down."""
+
+    count: int = 0
+    streak: int = 0
+    started: float = 0.0
+    due: float | None = None
+    last_exit: int | None = None
+
+    def crashed(self, now: float, code: int | None) -> float:
+        """Note a crash found at `now`; returns the seconds until the child starts again."""
+        self.streak = 1 if now - self.started >= RESTART_STABLE else self.streak + 1
+        self.last_exit = code
+        delay = min(RESTART_DELAY * 2 ** (self.streak - 1), RESTART_MAX_DELAY)
+        self.due = now + delay
+        return delay
 
 
 class LocalCluster:
@@ -59,7 +89,7 @@ class LocalCluster:
         self.manifest_text: str | None = None
         self.conditions: Conditions = []
         self.ports = Ports(self.data_dir, host)
-        self._reported_dead: set[str] = set()
+        self.restarts: dict[str, Restarts] = {}  # by process name: etcd, bookie-N, autorecovery-N
 
     def slot(self, ordinal: int) -> BookieSlot:
         """Bookie ordinal N's id, ports and dirs for starting it: the recorded ports, or new free
@@ -115,6 +145,7 @@ class LocalCluster:
                                 peer_port=self.ports.port("etcd", "peer"), host=self.host,
                                 tls=self.security.etcd_tls() if self.security else None)
         log.info("starting etcd on %s", self.etcd.client_url)
+        self._starting("etcd", None)
         self.etcd.start(timeout)
         if self.security is not None:
             asyncio.run(self._enable_etcd_auth())
@@ -144,10 +175,10 @@ class LocalCluster:
                              **bookie_options(self.spec.config), **self._server_options(Identity.BOOKIE))
         proc.name = slot.bookie_id
         proc.log_path = slot.log_path
+        self._starting(slot.bookie_id, current)
         self.bookies[ordinal] = proc
         self.config_hashes[ordinal] = self.spec.restart_hash()
         proc.start(timeout, wait=False)
-        self._reported_dead.discard(slot.bookie_id)
         if wait:
             self.wait_bookie(ordinal, timeout)
         return proc
@@ -177,12 +208,52 @@ class LocalCluster:
                                    http_port=self.ports.port("autorecovery", name, "http"),
                                    **self._server_options(Identity.AUTORECOVERY))
         log.info("starting %s (http %s:%s)", name, self.host, proc.http_port)
+        self._starting(name, current)
         self.recovery[index] = proc
         proc.start(timeout, wait=False)
-        self._reported_dead.discard(name)
         if wait:
             proc.wait_ready(proc.is_ready, timeout)
         return proc
+
+    def _starting(self, name: str, previous: ChildProcess | None) -> None:
+        """Note a child's start; a start in place of one that exited on its own is a restart (a
+        child stopped on purpose is no longer in the cluster's table)."""
+        r = self.restarts.setdefault(name, Restarts())
+        if previous is not None and previous.proc is not None and not previous.alive():
+            r.count += 1
+        r.started, r.due = time.monotonic(), None
+
+    def restart_crashed(self) -> list[str]:
+        """Start again, each after its back-off, every child that exited without being asked to;
+        returns the names started now. A crash is logged once, with the child's last log lines and
+        when it starts again."""
+        now = time.monotonic()
+        started = []
+        children: list[tuple[str, ChildProcess | None, Callable[[], Any]]] = [("etcd", self.etcd, self._restart_etcd)]
+        children += [(p.name, p, lambda o=o: self.start_bookie(o, wait=False)) for o, p in sorted(self.bookies.items())]
+        children += [(p.recovery_name, p, lambda i=i: self.start_autorecovery(i, wait=False))
+                     for i, p in sorted(self.recovery.items())]
+        for name, proc, start in children:
+            if proc is None or proc.proc is None or proc.alive():
+                continue
+            r = self.restarts.setdefault(name, Restarts())
+            if r.due is None:
+                delay = r.crashed(now, proc.proc.returncode)
+                log.error("%s (pid %s) exited with code %s; starting it again in %.0fs (restart %d); last lines of "
+                          "%s:\n%s", name, proc.pid, proc.proc.returncode, delay, r.count + 1, proc.log_path,
+                          proc.log_tail(10))
+            elif now >= r.due:
+                log.info("starting %s again (restart %d)", name, r.count + 1)
+                start()
+                started.append(name)
+        if started:
+            self.write_local_json()
+        return started
+
+    def _restart_etcd(self) -> None:
+        assert self.etcd is not None
+        self._starting("etcd", self.etcd)
+        self.etcd.start(wait=False)
 
     def _server_options(self, who: Identity) -> dict[str, str]:
         """The security flags of a bookie or autorecovery process (none when not --secure)."""
@@ -354,15 +425,22 @@ class LocalCluster:
             slot = self.slots[ordinal]
             bookies.append({"id": slot.bookie_id, "pid": proc.pid, "grpc": slot.grpc, "http": slot.http,
                             "journal_dir": str(slot.journal_dir),
-                            "ledger_dirs": [str(d) for d in slot.ledger_dirs]})
-        recovery = [{"id": p.recovery_name, "pid": p.pid, "http": f"{p.host}:{p.http_port}"}
-                    for _, p in sorted(self.recovery.items())]
+                            "ledger_dirs": [str(d) for d in slot.ledger_dirs], **self._restart_info(slot.bookie_id)})
+        recovery = [{"id": p.recovery_name, "pid": p.pid, "http": f"{p.host}:{p.http_port}",
+                     **self._restart_info(p.recovery_name)} for _, p in sorted(self.recovery.items())]
         doc: dict[str, Any] = {"metadata_service_uri": self.metadata_uri,
-                               "etcd": {"pid": self.etcd.pid, "client_url": self.etcd.client_url},
+                               "etcd": {"pid": self.etcd.pid, "client_url": self.etcd.client_url,
+                                        **self._restart_info("etcd")},
                                "bookies": bookies, "autorecovery": recovery}
         if self.security is not None:
             doc.update(self.client_settings())
         return doc
+
+    def _restart_info(self, name: str) -> dict[str, Any]:
+        """local.json's restart fields of a process: how often it was restarted after exiting on
+        its own, and with which exit code it last did (null: never)."""
+        r = self.restarts.get(name, Restarts())
+        return {"restarts": r.count, "last_exit_code": r.last_exit}
 
     def client_settings(self) -> dict[str, Any]:
         """local.json's security part (file names only): `security`, what clients present by
@@ -394,12 +472,3 @@ class LocalCluster:
         if self.etcd is not None:
             self.etcd.stop(timeout)
         (self.data_dir / LOCAL_JSON).unlink(missing_ok=True)
-
-    def dead_children(self) -> list[ChildProcess]:
-        """Children that exited without being asked to, each reported once."""
-        found = []
-        for p in [self.etcd, *self.bookies.values(), *self.recovery.values()]:
-            if p is not None and p.proc is not None and not p.alive() and p.name not in self._reported_dead:
-                self._reported_dead.add(p.name)
-                found.append(p)
-        return found

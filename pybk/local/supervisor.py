@@ -55,8 +55,8 @@ def supervise(cluster: LocalCluster, on_ready: Callable[[dict[str, Any]], None] 
               poll: float = 0.25) -> int:
     """Run the cluster in the foreground until SIGINT/SIGTERM; stop everything cleanly.
 
-    A child that exits on its own is reported (with its log) once and left down: a local
-    cluster is for experiments, including killing bookies on purpose.
+    A child that exits on its own is reported (with its log) and started again after a back-off,
+    as Kubernetes restarts a pod (LocalCluster.restart_crashed); local.json counts its restarts.
     """
     sig = _Signals()
     sig.install()
@@ -75,9 +75,7 @@ def supervise(cluster: LocalCluster, on_ready: Callable[[dict[str, Any]], None] 
             if sig.reload:
                 sig.reload = False
                 _apply_manifest(cluster, sig)
-            for dead in cluster.dead_children():
-                log.error("%s (pid %s) exited with code %s; last lines of %s:\n%s", dead.name, dead.pid,
-                          dead.proc.returncode, dead.log_path, dead.log_tail(10))
+            cluster.restart_crashed()
             time.sleep(poll)
         log.info("stopping the local cluster")
         return 0

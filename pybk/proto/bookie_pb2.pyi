@@ -19,6 +19,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_ONLY: _ClassVar[Status]
     TOO_MANY_REQUESTS: _ClassVar[Status]
     ACCESS_DENIED: _ClassVar[Status]
+    ENTRY_EXISTS: _ClassVar[Status]
 
 class AddFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,7 @@ FENCED: Status
 READ_ONLY: Status
 TOO_MANY_REQUESTS: Status
 ACCESS_DENIED: Status
+ENTRY_EXISTS: Status
 ADD_NONE: AddFlag
 RECOVERY_ADD: AddFlag
 READ_NONE: ReadFlag

@@ -1,4 +1,5 @@
-"""A gRPC server on pybk's own HTTP/2 connections (h2server), in place of grpc.aio.Server.
+"""A gRPC server on an HTTP/2 engine of pybk's choosing (libnghttp2 through ngh2 by default, see
+connection_class), in place of grpc.aio.Server.
 
 Why: grpc.aio's server hands every message and every answer between gRPC's threads and the event
 loop; a bookie spent about half of its busy time there at window 1. Here a call's messages reach
@@ -14,41 +15,72 @@ client that resets the call or goes away cancels the task; a handler that raises
 UNKNOWN, logged. `context.write` returns once the answer is handed to the connection within the
 client's windows, so a slow reader slows its handler instead of piling answers up here.
 
-Who may call: this layer authenticates nobody; the handlers decide with `invocation_metadata()`
-(bearer tokens) and `auth_context()` (the verified client certificate's common name), as they
-would under grpc.aio.
+Who may call: the handlers decide with `invocation_metadata()` (bearer tokens) and
+`auth_context()` (the verified client certificate's common name), as they would under grpc.aio.
+This layer only asks `identify` at each call's HEADERS whether its credential is one the server
+knows, to give its connection the full window and budget (see pybk.transport.ngh2_server).
+
+Connections (`ConnectionLimits`): the server accepts connections itself, so that what it allows
+each client holds whichever connection class serves (see `ServerConnection`). Beyond
+`max_connections` in all, or `max_connections_per_peer` from one address, a connection is closed
+as soon as it is accepted (before any TLS handshake), counted (`on_refused`) and logged at most
+once a minute. A connection whose TLS handshake and HTTP/2 preface are not done within
+`handshake_timeout` is dropped; one with no call open for `idle_timeout` is closed with a GOAWAY
+(NO_ERROR: gRPC clients reconnect for their next call, and retry one that crossed the GOAWAY); one
+that sent nothing for `keepalive_interval` gets a PING and is dropped if nothing comes back within
+`keepalive_timeout` (a peer gone without a FIN keeps no slot). Each is counted (`on_closed`).
+These limits apply before authentication, to anyone who can reach the port.
 """
 from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
+import os
 import socket
 import ssl as _ssl
-from collections import deque
+import struct
+import time
+from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import grpc
 
 from pybk.security.auth import certificate_common_name
-from pybk.transport import http2_engine
+
+from pybk.transport.budget import ProcessBudget
 
 from .h2server import Call, GrpcServerConnection
 
 log = logging.getLogger("pybk.proto.grpc_server")
 
+ENGINE_VARIABLE = "PYBK_HTTP2_ENGINE"
+ENGINES = ("ngh2", "own")  # pybk.transport.ngh2_server (libnghttp2, the default), pybk.proto.h2server
+
 
 def connection_class(engine: str | None = None) -> type:
     """The server connection class of an HTTP/2 engine: `engine`, else the PYBK_HTTP2_ENGINE
-    environment variable, else `own` (pybk.transport.http2_engine). ValueError names an unknown one."""
-    if http2_engine(engine) == "ngh2":
+    environment variable, else `ngh2`. ValueError names an unknown one."""
+    engine = engine or os.environ.get(ENGINE_VARIABLE) or "ngh2"
+    if engine == "own":
+        return GrpcServerConnection
+    if engine == "ngh2":
         from pybk.transport.ngh2_server import GrpcServerConnection as Ngh2Connection
         return Ngh2Connection
-    return GrpcServerConnection
+    raise ValueError(f"HTTP/2 engine {engine!r} is not one of {', '.join(ENGINES)} ({ENGINE_VARIABLE})")
 
+# what the server holds for all its clients at most (requests ahead of consumption, unread answers)
+DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
 
 _NOT_METADATA = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
+LOG_INTERVAL = 60.0    # seconds between log lines of one kind about refused or failed connections
+CLOSE_GRACE = 5.0      # seconds a connection closed with a GOAWAY may take to go before it is dropped
+ACCEPT_BATCH = 128     # connections accepted per wake-up of the listening socket (as asyncio's backlog loop)
+ACCEPT_PAUSE = 1.0     # seconds accepting pauses when the process is out of descriptors or memory
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class Kind(enum.Enum):
@@ -162,12 +194,15 @@ class _Requests:
 class _Running:
     """The Handler of one call: feeds its task and ends the call as the task ends. It holds the
     requests it is given (`holds_messages`): a bidi call's are consumed as its task iterates
-    them, a unary call's one request as its task starts."""
+    them, a unary call's one request as its task starts. It counts as an open call of its
+    connection (`link`) until it ended, once."""
 
     holds_messages = True
 
-    def __init__(self, server: "Server", method: Method, call: Call):
-        self.server, self.method, self.call = server, method, call
+    def __init__(self, server: "Server", method: Method, call: Call, link: "_Link"):
+        self.server, self.method, self.call, self.link = server, method, call, link
+        self.ended = False
+        link.calls += 1
         self.context = Context(call, method.serialize)
         self.task: asyncio.Task | None = None
         self.over = False  # the task is ending the call itself: closed() must not cancel it
@@ -178,6 +213,7 @@ class _Running:
 
     def _start(self, argument) -> None:
         self.task = self.server.spawn(self._run(argument), self.method.path)
+        self.task.add_done_callback(lambda _: self._ended())  # also a task cancelled before it began
 
     def message(self, data: bytes) -> None:
         if self.requests is not None:
@@ -195,6 +231,7 @@ class _Running:
             if self.request is None:
                 self.over = True
                 self.call.finish(grpc.StatusCode.INVALID_ARGUMENT, f"{self.method.path} got no request message")
+                self._ended()
                 return
             request, self.request = self.request, None
             self.call.consumed(len(request) + 5)
@@ -204,8 +241,15 @@ class _Running:
         self.request = None
         if self.requests is not None:
             self.requests.clear()
-        if self.task is not None and not self.over:
+        if self.task is None:
+            self._ended()
+        elif not self.over:
             self.task.cancel()
+
+    def _ended(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.server.call_ended(self.link)
 
     async def _run(self, argument) -> None:
         call, context, method = self.call, self.context, self.method
@@ -221,31 +265,135 @@ class _Running:
             self.over = True
             call.finish(context._code or grpc.StatusCode.UNKNOWN, context._details)
         except asyncio.CancelledError:
+            # not re-raised: the task ends with no exception kept, so its frames (and the requests
+            # they hold) are freed at once instead of at the next garbage collection
             self.over = True
             call.abandon(grpc.StatusCode.CANCELLED, "the call was cancelled")
-            raise
         except Exception as exc:  # noqa: BLE001 - a handler's fault ends its call, never the server
             self.over = True
             log.exception("%s from %s failed", method.path, context.peer())
             call.abandon(grpc.StatusCode.UNKNOWN, f"unexpected {type(exc).__name__}: {exc}")
 
 
+class ServerConnection(Protocol):
+    """What `Server` needs of a connection class (pybk.transport.ngh2_server's or
+    pybk.proto.h2server's GrpcServerConnection): created as cls(route, max_message_bytes,
+    on_close=callback, budget=ProcessBudget), an asyncio Protocol that calls on_close(itself) once
+    when its connection is lost, and:"""
+
+    received: int  # reads from the client so far (any byte is a sign of life, PING ACKs too)
+
+    @property
+    def spoke(self) -> bool:
+        """The client's HTTP/2 connection preface arrived."""
+
+    def ping(self) -> None:
+        """Send a PING to the client."""
+
+    def goaway(self) -> None:
+        """GOAWAY (NO_ERROR): no new call is taken, the calls running go on."""
+
+    def close(self, why: str) -> None:
+        """GOAWAY (NO_ERROR) naming why, then close the connection."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What the server allows connections (the bookie's options of the same names); 0 turns a
+    limit off. Seconds for the timeouts."""
+
+    max_connections: int = 0
+    max_connections_per_peer: int = 0
+    handshake_timeout: float = 0.0
+    idle_timeout: float = 0.0
+    keepalive_interval: float = 0.0
+    keepalive_timeout: float = 0.0
+
+    @property
+    def tick(self) -> float:
+        """How often connections are looked at: a quarter of the shortest timeout, at most a second."""
+        timeouts = [t for t in (self.handshake_timeout, self.idle_timeout, self.keepalive_interval,
+                                self.keepalive_timeout) if t > 0]
+        return max(0.05, min([1.0, *(t / 4 for t in timeouts)]))
+
+
+class _Link:
+    """The server's record of one accepted connection: its peer, its connection object once made
+    (and its transport), the calls open on it and what the sweep last saw of it."""
+
+    __slots__ = ("peer", "accepted", "conn", "transport", "task", "calls", "idle_since", "spoke", "heard",
+                 "heard_at", "ping_at", "closing_at", "released")
+
+    def __init__(self, peer: str, now: float):
+        self.peer, self.accepted = peer, now
+        self.conn: Any = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.task: asyncio.Task | None = None
+        self.calls = 0
+        self.idle_since = now
+        self.spoke = False
+        self.heard, self.heard_at = -1, now
+        self.ping_at: float | None = None
+        self.closing_at: float | None = None
+        self.released = False
+
+
+class _Throttled:
+    """Warnings of one kind at most once per `interval` seconds, each saying how many were left out."""
+
+    def __init__(self, interval: float = LOG_INTERVAL):
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._held: Counter = Counter()
+
+    def warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._held[kind] += 1
+            return
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        log.warning("%s%s", message, f" ({held} more like it in the last {now - last:.0f}s)" if held else "")
+
+
 class Server:
     """Serves `methods` on a listening socket, with the lifecycle of grpc.aio.Server: `start`,
-    then `stop(grace)`. TLS with `ssl` (an SSLContext offering ALPN h2). `engine` chooses the
-    HTTP/2 engine (see connection_class)."""
+    then `stop(grace)`. TLS with `ssl` (an SSLContext offering ALPN h2). Connections are held to
+    `limits` (see the module's notes); `on_refused(reason)` and `on_closed(reason)` hear of every
+    connection refused (max_connections, max_connections_per_peer) or closed by a limit
+    (handshake_timeout, idle, keepalive). `engine` chooses the HTTP/2 engine (see
+    connection_class); what all connections hold for clients is bounded by `budget_bytes`, and
+    `identify` says whether a call's credential is one the server knows (None: every call's)."""
 
     def __init__(self, methods: list[Method], sock: socket.socket, max_message_bytes: int,
-                 ssl: _ssl.SSLContext | None = None, engine: str | None = None):
+                 ssl: _ssl.SSLContext | None = None, limits: ConnectionLimits = ConnectionLimits(),
+                 on_refused: Callable[[str], None] = lambda reason: None,
+                 on_closed: Callable[[str], None] = lambda reason: None,
+                 engine: str | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 identify: Callable[[Context], bool] | None = None):
         self._connection_class = connection_class(engine)
+        self._budget = ProcessBudget(budget_bytes)
+        self._identify = identify
         self._methods = {m.path: m for m in methods}
         self._max_message = max_message_bytes
         self._ssl = ssl
         self._sock = sock
-        self._server: asyncio.Server | None = None
-        self._connections: set[GrpcServerConnection] = set()
+        self._limits = limits
+        self._on_refused, self._on_closed = on_refused, on_closed
+        self._links: set[_Link] = set()
+        self._per_peer: Counter = Counter()
         self._tasks: set[asyncio.Task] = set()
+        self._accepting = False
+        self._serving = False
+        self._sweeper: asyncio.Task | None = None
+        self._log = _Throttled()
         self._stopped = asyncio.Event()
+
+    @property
+    def connections(self) -> int:
+        """Connections held now (accepted and not yet lost)."""
+        return len(self._links)
 
     def spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -253,36 +401,197 @@ class Server:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _route(self, call: Call) -> _Running | None:
+    def _route(self, link: _Link, call: Call) -> _Running | None:
+        if self._identify is None or self._identify(Context(call, None)):
+            call.trust_connection()
         method = self._methods.get(call.path)
-        return _Running(self, method, call) if method is not None else None
+        return _Running(self, method, call, link) if method is not None else None
 
-    def _connection(self) -> GrpcServerConnection:
-        conn = self._connection_class(self._route, self._max_message, on_close=self._connections.discard)
-        self._connections.add(conn)
-        return conn
+    def call_ended(self, link: _Link) -> None:
+        """A call of `link` is over; the connection is idle from its last one on."""
+        link.calls -= 1
+        if not link.calls:
+            link.idle_since = asyncio.get_running_loop().time()
+
+    # ---- accepting ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.get_running_loop().create_server(self._connection, sock=self._sock,
-                                                                      ssl=self._ssl, backlog=1024)
+        self._sock.setblocking(False)
+        self._serving = True
+        self._resume_accepting()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="connection-sweeper")
+
+    def _resume_accepting(self) -> None:
+        if self._serving and not self._accepting:
+            self._accepting = True
+            asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
+
+    def _pause_accepting(self) -> None:
+        if self._accepting:
+            self._accepting = False
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+
+    def _accept(self) -> None:
+        """Take the connections waiting on the listening socket (a batch per wake-up)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, address = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                # the connection waits in the kernel's queue; accepting again at once would spin
+                what = " (descriptors or memory exhausted)" if exc.errno in _OUT_OF_RESOURCES else ""
+                self._log.warn("accept", f"cannot accept connections on {self._address()}: {exc}{what}; "
+                                         f"pausing for {ACCEPT_PAUSE:g}s")
+                self._pause_accepting()
+                asyncio.get_running_loop().call_later(ACCEPT_PAUSE, self._resume_accepting)
+                return
+            self._admit(sock, address[0] if isinstance(address, tuple) else str(address))
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        limits = self._limits
+        reason = ""
+        if limits.max_connections and len(self._links) >= limits.max_connections:
+            reason, why = "max_connections", f"{len(self._links)} connections open (max_connections)"
+        elif limits.max_connections_per_peer and self._per_peer[peer] >= limits.max_connections_per_peer:
+            reason, why = "max_connections_per_peer", (f"{self._per_peer[peer]} connections open from {peer} "
+                                                       f"(max_connections_per_peer)")
+        if reason:
+            # closed before any TLS handshake; a reset, so no TIME_WAIT is kept for it either
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            sock.close()
+            self._on_refused(reason)
+            self._log.warn(reason, f"refused a connection from {peer} to {self._address()}: {why}")
+            return
+        loop = asyncio.get_running_loop()
+        link = _Link(peer, loop.time())
+        self._links.add(link)
+        self._per_peer[peer] += 1
+        sock.setblocking(False)
+        link.task = loop.create_task(self._serve(link, sock), name=f"connection from {peer}")
+        link.task.add_done_callback(lambda _: self._served(link, sock))
+
+    async def _serve(self, link: _Link, sock: socket.socket) -> None:
+        """Set the connection up (TLS handshake included); its connection object serves it from there."""
+        timeout = self._limits.handshake_timeout
+        try:
+            link.transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: self._connection(link), sock, ssl=self._ssl,
+                ssl_handshake_timeout=timeout + CLOSE_GRACE if self._ssl is not None and timeout else None)
+        except OSError as exc:  # a failed TLS handshake (ssl.SSLError is an OSError), a reset
+            log.debug("connection from %s failed before serving: %s", link.peer, exc)
+
+    def _served(self, link: _Link, sock: socket.socket) -> None:
+        """The set-up is over: a connection that did not come up (failed, or cancelled by a
+        timeout or stop, even before it began) gives its socket and slot back."""
+        if link.transport is None:
+            sock.close()
+            self._release(link)
+
+    def _connection(self, link: _Link) -> ServerConnection:
+        link.conn = self._connection_class(lambda call: self._route(link, call), self._max_message,
+                                           on_close=lambda conn: self._release(link), budget=self._budget)
+        return link.conn
+
+    def _release(self, link: _Link) -> None:
+        """The connection is gone: its slot, and its peer's, are free again."""
+        if link.released:
+            return
+        link.released = True
+        self._links.discard(link)
+        n = self._per_peer[link.peer] - 1
+        if n > 0:
+            self._per_peer[link.peer] = n
+        else:
+            del self._per_peer[link.peer]
+
+    def _address(self) -> str:
+        try:
+            host, port = self._sock.getsockname()[:2]
+            return f"{host}:{port}"
+        except OSError:
+            return "a closed socket"
+
+    # ---- limits -------------------------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        """Look at every connection every `tick` seconds: the timeouts and the keepalive."""
+        loop = asyncio.get_running_loop()
+        tick = self._limits.tick
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for link in list(self._links):
+                self._check(link, now)
+
+    def _check(self, link: _Link, now: float) -> None:
+        limits, conn = self._limits, link.conn
+        if link.closing_at is not None:
+            if now - link.closing_at >= CLOSE_GRACE:
+                self._drop(link)
+            return
+        if not link.spoke:
+            if link.transport is not None and conn.spoke:
+                link.spoke = True
+                link.idle_since = max(link.idle_since, now)
+            elif limits.handshake_timeout and now - link.accepted >= limits.handshake_timeout:
+                log.debug("dropping the connection from %s: no TLS handshake and HTTP/2 preface within %gs",
+                          link.peer, limits.handshake_timeout)
+                self._on_closed("handshake_timeout")
+                self._drop(link)
+                return
+            if link.transport is None:  # in its TLS handshake
+                return
+        if conn.received != link.heard:
+            link.heard, link.heard_at, link.ping_at = conn.received, now, None
+        elif link.ping_at is not None:
+            if now - link.ping_at >= limits.keepalive_timeout:
+                log.debug("dropping the connection from %s: no answer to a PING within %gs", link.peer,
+                          limits.keepalive_timeout)
+                self._on_closed("keepalive")
+                self._drop(link)
+                return
+        elif limits.keepalive_interval and now - link.heard_at >= limits.keepalive_interval:
+            link.ping_at = now
+            conn.ping()
+        if limits.idle_timeout and not link.calls and now - link.idle_since >= limits.idle_timeout:
+            self._on_closed("idle")
+            link.closing_at = now
+            conn.close(f"idle: no call for {limits.idle_timeout:g}s")
+
+    def _drop(self, link: _Link) -> None:
+        """End a connection at once, without a GOAWAY (its client did not speak, or is gone)."""
+        if link.transport is not None:
+            link.transport.abort()
+        elif link.task is not None:
+            link.task.cancel()  # in its TLS handshake: _serve closes the socket
+
+    # ---- stopping -----------------------------------------------------------------------------
 
     async def stop(self, grace: float | None) -> None:
         """Stop taking connections, tell every client (GOAWAY), give the calls running `grace`
         seconds to end, then cancel them and close every connection."""
-        if self._server is not None:
-            self._server.close()
-        else:
-            self._sock.close()
-        for conn in list(self._connections):
-            conn.goaway()
+        self._serving = False
+        self._pause_accepting()
+        self._sock.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for link in list(self._links):
+            if link.transport is not None:
+                link.conn.goaway()
+            elif link.task is not None:
+                link.task.cancel()
         if self._tasks and grace:
             await asyncio.wait(list(self._tasks), timeout=grace)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
-        for conn in list(self._connections):
-            conn.close()
+        for link in list(self._links):
+            if link.transport is not None:
+                link.conn.close()
         self._stopped.set()
 
     async def wait_for_termination(self) -> None:

@@ -91,6 +91,9 @@ class Call:
     def ssl_object(self):
         return self._conn.ssl_object
 
+    def trust_connection(self) -> None:
+        """A known credential: this engine gives every connection its full window from the start."""
+
     def send_headers(self, metadata: list[tuple[str, str]] = ()) -> None:
         """Send the answer's initial metadata now (else it goes with the first message)."""
         if not self.sent_headers and not self.finished:
@@ -149,7 +152,7 @@ class GrpcServerConnection(asyncio.Protocol):
     does not exist, answered UNIMPLEMENTED); it may answer the call itself with `call.finish`."""
 
     def __init__(self, route: Callable[[Call], Handler | None], max_message_bytes: int,
-                 on_close: Callable[["GrpcServerConnection"], None] | None = None):
+                 on_close: Callable[["GrpcServerConnection"], None] | None = None, budget=None):
         self._route = route
         self._max_message = max_message_bytes
         self._on_close = on_close
@@ -174,6 +177,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self.paused = False                 # the transport holds more than its write limit
         self._going_away = False            # GOAWAY sent: no new calls
+        self.received = 0                   # reads from the client: the server's keepalive watches it
 
     # ---- connection ---------------------------------------------------------------------------
 
@@ -208,6 +212,16 @@ class GrpcServerConnection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
 
+    @property
+    def spoke(self) -> bool:
+        """Whether the client's connection preface arrived (the server's handshake timeout)."""
+        return self._preface
+
+    def ping(self) -> None:
+        """Send a PING (the server's keepalive): its ACK, like anything else read, counts in `received`."""
+        if self._transport is not None and not self._closing:
+            self._transport.write(frame(PING, 0, 0, b"pybk-srv"))
+
     def goaway(self) -> None:
         """Tell the client that no new call will be taken here (GOAWAY, no error); the calls
         running go on. A call opened after it is refused (RST_STREAM REFUSED_STREAM), which a
@@ -229,6 +243,9 @@ class GrpcServerConnection(asyncio.Protocol):
             return
         self._closing = True
         transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, code) + why.encode()))
+        calls, self._calls = self._calls, {}  # the calls in flight end with the connection, and their
+        for call in calls.values():           # handlers learn it now: nothing is written after the EOF
+            self._drop(call)
         try:
             if transport.can_write_eof():
                 transport.write_eof()
@@ -240,6 +257,7 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- receiving ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.received += 1
         if self._closing:
             return
         if not self._preface:
@@ -448,12 +466,12 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- sending ------------------------------------------------------------------------------
 
     def send_headers(self, stream: int, block: list[tuple[str, str]]) -> None:
-        if self._transport is not None:
+        if self._transport is not None and not self._closing:
             self._transport.writelines(header_frames(self._encoder.encode(block), stream, 0, self._max_frame))
 
     def send_message(self, call: Call, message: bytes) -> None:
         transport = self._transport
-        if transport is None:
+        if transport is None or self._closing:  # closing: its EOF is written, a write would raise
             return
         size = len(message) + 5
         if not call.out and size <= self._max_frame and size <= self._send_window and size <= call.window:
@@ -472,7 +490,7 @@ class GrpcServerConnection(asyncio.Protocol):
         """Send a call's queued answer bytes as DATA frames while both windows allow, then its
         trailers once nothing is queued."""
         transport, out = self._transport, call.out
-        if transport is None:
+        if transport is None or self._closing:
             return
         while out:
             room = min(self._send_window, call.window, self._max_frame, call.out_bytes)
@@ -504,6 +522,9 @@ class GrpcServerConnection(asyncio.Protocol):
 
     @staticmethod
     def _drop(call: Call) -> None:
+        """The call is over without trailers: its answers dropped, its writes refused from now on
+        (`finished`), its handler told once."""
+        call.finished = True
         call.out.clear()
         call.out_bytes = 0
         if call._writable is not None:

@@ -239,6 +239,18 @@ class Authenticator:
         names = context.auth_context().get("x509_common_name") if token is None else None
         return self.authorize(token, names[0].decode() if names else None, operation)
 
+    def knows_grpc(self, context) -> bool:
+        """Whether a gRPC call carries a credential of the auth file (a known bearer token, or a
+        verified certificate whose common name is listed), whatever its role; True with no file."""
+        table = self.table()
+        if table is None:
+            return True
+        token = bearer_token(v for k, v in (context.invocation_metadata() or ()) if k == "authorization")
+        if token is not None:
+            return table.by_token(token) is not None
+        names = context.auth_context().get("x509_common_name")
+        return bool(names) and table.by_subject(names[0].decode()) is not None
+
     def authorize_http(self, request, operation: Operation) -> Principal:
         """For an aiohttp request: its `Authorization: Bearer` header, or the common name of the
         client certificate the TLS handshake verified."""

@@ -49,6 +49,12 @@ class ClientSecurity:
         return {ENV[k]: v for k, v in self.as_mapping().items()}
 
     @property
+    def secured(self) -> bool:
+        """Whether this client runs with security on: TLS to the servers, or a credential (a client
+        certificate, a token) to present."""
+        return bool(self.tls_ca or self.tls_cert or self.token_file)
+
+    @property
     def tls(self) -> bool:
         """Whether connections use TLS (a CA to verify servers with is configured)."""
         return self.tls_ca is not None

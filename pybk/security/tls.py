@@ -107,6 +107,16 @@ def _common_name(cert: x509.Certificate) -> str:
     return str(names[0].value) if names else ""
 
 
+def file_common_name(path: str | Path) -> str:
+    """The common name of the (first) certificate in a PEM file; CertificateError naming the file
+    if it cannot be read."""
+    pem = _read(str(path), "certificate")
+    try:
+        return _common_name(x509.load_pem_x509_certificate(pem))
+    except ValueError as exc:
+        raise CertificateError(f"{path}: not a PEM certificate: {exc}") from None
+
+
 def check_identity(tls: ServerTls, now: datetime.datetime | None = None) -> Identity:
     """Read and check a certificate, its key and (if set) the CA: readable PEM, the certificate
     valid now, the key matching it, the certificate signed by a CA of the bundle. Raises

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -207,15 +208,17 @@ def _simpletest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--entries", type=int, default=100, help="entries to write (default %(default)s)")
     p.add_argument("--size", type=int, default=100, help="payload bytes per entry (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the test ledger instead of deleting it")
-    p.add_argument("--password", type=_password, default=b"",
-                   help="password of the test ledger (default empty, which autorecovery can always use)")
+    p.add_argument("--password", type=_password, default=None,
+                   help="password of the test ledger (default: a random one, shown only with --keep; a ledger "
+                        "without a password would have a master key anyone can compute)")
 
 
 def _render_simpletest(d: dict[str, Any], args: Any = None) -> str:
     return (f"simpletest OK: ledger {d['ledger_id']} (E{d['ensemble']}/Qw{d['write_quorum']}/Qa{d['ack_quorum']}): "
             f"wrote {d['entries']} entries of {d['size']} bytes in {d['write_seconds']:.3f}s, "
             f"read back and verified in {d['read_seconds']:.3f}s; "
-            + ("ledger deleted" if d["deleted"] else "ledger kept"))
+            + ("ledger deleted" if d["deleted"] else "ledger kept")
+            + (f" (its generated password: {d['password']})" if d.get("password") else ""))
 
 
 @command("simpletest", "write entries to a new ledger, read them back, verify, delete it",
@@ -226,7 +229,8 @@ async def simpletest(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
     if args.entries < 1 or args.size < 0:
         raise ShellError("--entries must be >= 1 and --size >= 0")
     bk = await sh.bk()
-    password = args.password
+    generated = args.password is None  # the test ledger gets a password of its own, as any ledger should
+    password = secrets.token_urlsafe(24).encode() if generated else args.password
     payloads = [_sample_payload(i, args.size) for i in range(args.entries)]
     started = time.perf_counter()
     lh = await bk.create_ledger(ensemble=args.ensemble, write_quorum=args.write_quorum,
@@ -254,9 +258,12 @@ async def simpletest(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep:
             await bk.delete_ledger(ledger_id, password)
             deleted = True
-    return {"ok": True, "ledger_id": ledger_id, "entries": args.entries, "size": args.size,
-            "ensemble": args.ensemble, "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum,
-            "write_seconds": write_seconds, "read_seconds": read_seconds, "deleted": deleted}
+    result = {"ok": True, "ledger_id": ledger_id, "entries": args.entries, "size": args.size,
+              "ensemble": args.ensemble, "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum,
+              "write_seconds": write_seconds, "read_seconds": read_seconds, "deleted": deleted}
+    if generated and not deleted:  # a kept ledger is read and deleted with it; a deleted one's is of no use
+        result["password"] = password.decode()
+    return result
 
 
 def _sample_payload(i: int, size: int) -> bytes:

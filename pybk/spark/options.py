@@ -64,7 +64,8 @@ WRITE_OPTIONS = {
     "writequorum": "copies of each entry, Qw (default: the cluster's, else 2; at most E)",
     "ackquorum": "acks before an entry counts as written, Qa (default: the cluster's, else 2; at most Qw)",
     "digesttype": "'crc32c' (default) or 'mac'",
-    "password": READ_OPTIONS["password"],
+    "password": "ledger password (UTF-8 text); required with security on (TLS or credentials), else "
+                "default empty",
     "jobid": "the write job's id: its record and every written ledger's custom metadata name it; "
              "1-200 letters, digits, '.', '_', '-', used once (default: a new UUID; not for streams, "
              "whose micro-batches are jobs '<query id>.<batch id>')",

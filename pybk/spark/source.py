@@ -42,17 +42,29 @@ class LedgerDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
         with cause_first():
-            opts = with_credentials(WriteOptions.parse(self.options))
+            opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use mode('append')")
             return LedgerWriter(opts, payload_column(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> "LedgerStreamWriter":
         with cause_first():
-            opts = with_credentials(WriteOptions.parse(self.options))
+            opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use outputMode('append')")
             if any(str(k).lower() == "jobid" for k in self.options):
                 raise OptionError("option jobId is for batch writes: a stream names each micro-batch's "
                                   "job '<query id>.<batch id>'")
             return LedgerStreamWriter(opts, payload_column(schema))
+
+
+def _write_options(options) -> WriteOptions:
+    """A write's options with the driver's credentials; refused on the driver, before any task
+    runs, when security is on and no password is given (the ledgers' master keys would be public)."""
+    from pybk.client.bookkeeper import public_key_refusal
+    from pybk.security.settings import ClientSecurity
+    opts = with_credentials(WriteOptions.parse(options))
+    refusal = public_key_refusal(opts.password, opts.security or ClientSecurity.from_env())
+    if refusal:
+        raise OptionError(f"option password: {refusal}; give the ledgers a password with option password")
+    return opts

@@ -16,8 +16,9 @@ Budgets, per connection:
   growing memory.
 - A call whose answers wait for the client's windows (more than `CALL_ANSWER_BUDGET`) gets no
   more request credit: a client that does not read its answers cannot send more. Answers not
-  yet written (queued for the client's windows, or in the transport) above `ANSWER_BUDGET` stop the delivery of further requests and their credit until the client
-  reads; handlers awaiting `Call.writable` wait meanwhile. Above `ANSWER_LIMIT` the connection
+  yet written (queued for the client's windows, or in the transport) above `ANSWER_BUDGET` stop
+  the delivery of further requests and their credit until the client reads; handlers awaiting
+  `Call.writable` wait meanwhile. Above `ANSWER_LIMIT` the connection
   ends ENHANCE_YOUR_CALM. While the transport holds more than `WRITE_LIMIT`, reading pauses.
 - `MAX_STREAMS` calls at once (SETTINGS_MAX_CONCURRENT_STREAMS, enforced by libnghttp2).
 - Streams the client resets and PING/SETTINGS frames are rate limited (token buckets); past
@@ -25,6 +26,11 @@ Budgets, per connection:
   seconds is dropped.
 - A cancelled or reset call's buffered request bytes are released (and their credit given back
   on the connection) at once.
+- Until a call on it carries a credential the server knows (`trust`, decided by the server at the
+  call's HEADERS, before any of its DATA is credited), a connection keeps HTTP/2's default
+  connection window (64 KiB) and `UNTRUSTED_BUDGET`: a client with no credential cannot make the
+  bookie hold more than that.
+- What every connection holds is also charged to the process's `ProcessBudget` (budget.py).
 
 Failure modes as h2server's: a message above `max_message_bytes` ends its call RESOURCE_EXHAUSTED,
 a compressed one INTERNAL, an unknown method UNIMPLEMENTED; a client breaking HTTP/2 gets the
@@ -47,18 +53,24 @@ import ngh2
 from pybk.proto.h2server import Handler
 from pybk.proto.http2 import GOAWAY, MessageBuffer, MessageError, frame
 
+from .budget import ProcessBudget
+
 log = logging.getLogger("pybk.transport.ngh2_server")
 
 RECEIVE_WINDOW = 4 * 1024 * 1024       # what a client may send ahead on one stream
 CONNECTION_WINDOW = 8 * 1024 * 1024    # ... and on the whole connection
 INBOUND_BUDGET = 32 * 1024 * 1024      # partial + undelivered + unconsumed request bytes of a connection
+UNTRUSTED_BUDGET = 64 * 1024           # ... before a call on it carried a credential the server knows
 ANSWER_BUDGET = 8 * 1024 * 1024        # answers not yet written before requests stop being delivered
 CALL_ANSWER_BUDGET = RECEIVE_WINDOW // 2  # one call's answers waiting for windows before its credit stops
 ANSWER_LIMIT = 64 * 1024 * 1024        # answers not yet written before the connection is ended
 WRITE_LIMIT = 1024 * 1024              # bytes the transport holds before handlers wait and reading pauses
 MAX_STREAMS = 1024                     # calls open at once (gRPC clients share one connection among calls)
 MAX_HEADER_LIST = 16 * 1024
-RESET_BURST, RESET_RATE = 500, 100.0       # streams a client may reset: at once, then per second
+# streams a client may reset before they ended: at once, then per second. A gRPC client cancels a call
+# it has what it needs from (pybk's own reads of one entry do), hundreds a second in a busy reader;
+# a rapid-reset attack runs at thousands a second
+RESET_BURST, RESET_RATE = 1000, 500.0
 CONTROL_BURST, CONTROL_RATE = 2000, 500.0  # PING and SETTINGS frames: at once, then per second
 HANDSHAKE_TIMEOUT = 10.0               # seconds to the client's connection preface and SETTINGS
 LINGER = 1.0                           # seconds a failed connection is drained before it closes
@@ -67,6 +79,9 @@ _NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _CANCEL, _ENHANCE_YOUR_CALM = 0x0, 
 _OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _QUOTE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 _PREFIX = struct.Struct(">BI")   # a gRPC message's prefix: compressed flag, length
+# what one data_to_send returns at most: each call builds its output in a fresh buffer, and one of a
+# 1 MiB answer (above malloc's mmap threshold) cost 1.9 ms of page faults against 0.26 ms in pieces
+_CHUNK = 64 * 1024
 _SMALL = 4096   # answers up to this size are joined to their 5-byte prefix; bigger ones are not copied
 _CONFIG = ngh2.Configuration(
     auto_window_update=False,                 # credit follows consumption (acknowledge_received_data)
@@ -136,6 +151,11 @@ class Call:
             self._conn.send_headers(self, _OK_HEADERS)
         self._conn.send_message(self, message)
 
+    def trust_connection(self) -> None:
+        """This call carried a credential the server knows: its connection gets its full window
+        and budget (until then, UNTRUSTED_BUDGET and HTTP/2's default window of 64 KiB)."""
+        self._conn.trust()
+
     def consumed(self, nbytes: int) -> None:
         """The handler is done with `nbytes` of requests (each message's size plus 5): their
         flow-control credit goes back to the client. Only for handlers with `holds_messages`."""
@@ -173,8 +193,13 @@ class GrpcServerConnection(asyncio.Protocol):
     does not exist, answered UNIMPLEMENTED); it may answer the call itself with `call.finish`."""
 
     def __init__(self, route: Callable[[Call], Handler | None], max_message_bytes: int,
-                 on_close: Callable[["GrpcServerConnection"], None] | None = None):
+                 on_close: Callable[["GrpcServerConnection"], None] | None = None,
+                 budget: ProcessBudget | None = None):
         self._route = route
+        self._budget = budget
+        self.trusted = False                # a call carried a known credential (trust())
+        self._inbound_budget = UNTRUSTED_BUDGET
+        self._answers = 0                   # answer bytes not yet written, as last charged to the budget
         self._max_message = max_message_bytes
         self._on_close = on_close
         self._transport: asyncio.Transport | None = None
@@ -184,6 +209,7 @@ class GrpcServerConnection(asyncio.Protocol):
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
         self._spoke = False                 # the client's preface and SETTINGS arrived
+        self.received = 0                   # reads from the client: the server's keepalive watches it
         self._closing = False
         self._going_away = False
         self._timer: asyncio.TimerHandle | None = None
@@ -209,12 +235,29 @@ class GrpcServerConnection(asyncio.Protocol):
         self.ssl_object = transport.get_extra_info("ssl_object")
         transport.set_write_buffer_limits(high=WRITE_LIMIT)
         h2 = self._h2 = ngh2.Connection(ngh2.Role.SERVER, _CONFIG)
+        if self._budget is not None:
+            loop = asyncio.get_running_loop()
+            self._budget.join(id(self), lambda why: loop.call_soon(self._fail, _ENHANCE_YOUR_CALM, why))
         h2.initiate_connection({ngh2.Setting.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
                                 ngh2.Setting.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
                                 ngh2.Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST})
-        h2.set_local_window_size(CONNECTION_WINDOW)
         self._flush()
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._handshake_over)
+
+    def trust(self) -> None:
+        """A call carried a credential the server knows: the full connection window and budget."""
+        if self.trusted or self._h2 is None or self._closing:
+            return
+        self.trusted = True
+        self._inbound_budget = INBOUND_BUDGET
+        self._h2.set_local_window_size(CONNECTION_WINDOW)
+        self._written()
+
+    def _hold(self, nbytes: int) -> None:
+        """Request bytes held (negative: released), on this connection and in the process budget."""
+        self.held += nbytes
+        if self._budget is not None:
+            self._budget.charge(id(self), nbytes)
 
     def _handshake_over(self) -> None:
         if not self._spoke:
@@ -235,13 +278,21 @@ class GrpcServerConnection(asyncio.Protocol):
         self._transport = None
         if self._timer is not None:
             self._timer.cancel()
-        calls, self._calls = self._calls, {}
-        for call in calls.values():
-            self._drop(call)
-        self.held = 0
+        self._release()
         self._h2 = None
         if self._on_close is not None:
             self._on_close(self)
+
+    @property
+    def spoke(self) -> bool:
+        """Whether the client's connection preface and SETTINGS arrived (the server's handshake timeout)."""
+        return self._spoke
+
+    def ping(self) -> None:
+        """Send a PING (the server's keepalive): its ACK, like anything else read, counts in `received`."""
+        if self._h2 is not None and not self._closing:
+            self._h2.ping(b"pybk-srv")
+            self._written()
 
     def goaway(self) -> None:
         """Tell the client that no new call will be taken here (GOAWAY, no error); the calls
@@ -280,6 +331,7 @@ class GrpcServerConnection(asyncio.Protocol):
     def _end_transport(self) -> None:
         transport = self._transport
         self._closing = True
+        self._release()
         if transport is None or self._ended:
             return
         self._ended = True
@@ -294,6 +346,7 @@ class GrpcServerConnection(asyncio.Protocol):
     # ---- receiving ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.received += 1
         h2 = self._h2
         if self._closing or h2 is None:
             return
@@ -316,6 +369,20 @@ class GrpcServerConnection(asyncio.Protocol):
         finally:
             self._in_receive = False
         self._flush()
+
+    def _release(self) -> None:
+        """A closing connection ends its calls at once (their handlers learn it now: nothing is
+        written after the EOF) and lets go of what it holds, in the process budget too."""
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call.message = MessageBuffer()
+            call.pending.clear()
+            call.finished = True
+            self._drop(call)
+        self._stalled.clear()
+        self.held = self._answers = 0
+        if self._budget is not None:
+            self._budget.leave(id(self))
 
     def _dead(self, code: int, why: str) -> None:
         """The engine invalidated the connection (raised): GOAWAY written by hand, then close."""
@@ -363,7 +430,7 @@ class GrpcServerConnection(asyncio.Protocol):
                 self._h2.acknowledge_received_data(n, stream)
             return
         call.received += n
-        self.held += n
+        self._hold(n)
         if n:
             try:
                 taken = call.message.take(data, self._max_message)
@@ -380,7 +447,7 @@ class GrpcServerConnection(asyncio.Protocol):
                     return
                 if not call.holds:
                     call.taken += len(message) + 5
-                    self.held -= len(message) + 5
+                    self._hold(-(len(message) + 5))
         if end_stream:
             self._end_of_input(call)
             if call.stream not in self._calls:
@@ -405,7 +472,8 @@ class GrpcServerConnection(asyncio.Protocol):
         if self._backed_up or (self._queued and self._h2.queued_body_size(call.stream) > CALL_ANSWER_BUDGET):
             self._stalled.add(call)
             return
-        target = call.received if call.message and self.held <= INBOUND_BUDGET else call.taken
+        ahead = call.message and self.held <= self._inbound_budget and not (self._budget and self._budget.tight)
+        target = call.received if ahead else call.taken
         if target > call.credited:
             self._h2.acknowledge_received_data(target - call.credited, call.stream)
             call.credited = target
@@ -416,7 +484,7 @@ class GrpcServerConnection(asyncio.Protocol):
             return
         nbytes = min(nbytes, call.received - call.taken)
         call.taken += nbytes
-        self.held -= nbytes
+        self._hold(-nbytes)
         self._credit(call)
         if not self._in_receive:
             self._flush()
@@ -430,7 +498,7 @@ class GrpcServerConnection(asyncio.Protocol):
                 return
             if not call.holds:
                 call.taken += len(message) + 5
-                self.held -= len(message) + 5
+                self._hold(-(len(message) + 5))
         if not call.pending and call.eos and not call.input_ended:
             call.eos = False
             call.input_ended = True
@@ -528,8 +596,7 @@ class GrpcServerConnection(asyncio.Protocol):
         h2 = self._h2
         if h2 is not None and not self._closing and not call.finished:
             if h2.queued_body_size(call.stream):  # answers queued in this read go out first if they can
-                out = h2.data_to_send()            # (its events are taken by the next flush)
-                if out:
+                while out := h2.data_to_send(_CHUNK):  # (its events are taken by the next flush)
                     self._transport.write(out)
             if h2.queued_body_size(call.stream):
                 call.finished = True
@@ -554,8 +621,7 @@ class GrpcServerConnection(asyncio.Protocol):
             return  # a transport that failed a send: connection_lost is on its way
         try:
             while True:
-                out = h2.data_to_send()
-                if out:
+                while out := h2.data_to_send(_CHUNK):
                     transport.write(out)
                 events = h2.events()
                 if events:
@@ -601,6 +667,9 @@ class GrpcServerConnection(asyncio.Protocol):
         if backlog > ANSWER_LIMIT:
             self._fail(_ENHANCE_YOUR_CALM, f"more than {ANSWER_LIMIT} bytes of answers left unread")
             return
+        if self._budget is not None and backlog != self._answers:
+            self._budget.charge(id(self), backlog - self._answers)
+            self._answers = backlog
         self._backed_up = backlog > ANSWER_BUDGET
         if self._stalled and not self._backed_up:
             ready = [c for c in self._stalled if h2.queued_body_size(c.stream) <= CALL_ANSWER_BUDGET]
@@ -637,7 +706,7 @@ class GrpcServerConnection(asyncio.Protocol):
         """Take a call off the connection, crediting back (on the connection) what it held."""
         if self._calls.pop(call.stream, None) is None:
             return
-        self.held -= call.received - call.taken
+        self._hold(-(call.received - call.taken))
         call.taken = call.received
         call.pending.clear()
         call.message = MessageBuffer()

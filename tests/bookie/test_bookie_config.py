@@ -41,3 +41,25 @@ def test_help_explains_every_option(child_processes):
                          text=True, timeout=60, check=True).stdout
     for opt in BOOKIE.options:
         assert opt.flag in out
+
+
+def _connections(**options):
+    from pybk.bookie.main import connection_limits
+    cfg = resolve(parse(["--journal-dir", "/j", "--ledger-dir", "/l",
+                         *(f"--{k.replace('_', '-')}={v}" for k, v in options.pop("flags", {}).items())]),
+                  BOOKIE, environ={})
+    return connection_limits(cfg, options["open_files"])
+
+
+def test_the_connection_limit_leaves_the_reserved_descriptors_to_the_bookie():
+    from pybk.bookie.main import DescriptorError
+    assert _connections(open_files=1 << 20).max_connections == 4096  # the default, well within the limit
+    assert _connections(open_files=1600).max_connections == 576      # 1600 less the 1024 reserved
+    assert _connections(open_files=1600, flags={"max_connections": 0}).max_connections == 576
+    assert _connections(open_files=5000, flags={"max_connections": 0, "reserved_descriptors": 200}
+                        ).max_connections == 4800
+    with pytest.raises(DescriptorError, match=r"^the open-files limit \(1024, RLIMIT_NOFILE.*leaves 0 descriptors"):
+        _connections(open_files=1024)
+    limits = _connections(open_files=1 << 20, flags={"idle_timeout": 2, "keepalive_interval": 0})
+    assert (limits.max_connections_per_peer, limits.handshake_timeout, limits.idle_timeout) == (512, 10, 2)
+    assert limits.tick == 0.5 and _connections(open_files=1 << 20).tick == 1.0

@@ -201,3 +201,38 @@ def _answers_ready(bk) -> bool:
         return bk.is_ready()
     except OSError:
         return False
+
+
+async def test_an_entry_is_write_once_in_the_cache_after_a_checkpoint_and_after_a_restart(bookies):
+    """The same bytes again are accepted (a retry), other bytes refused with ENTRY_EXISTS naming
+    the entry, and the stored entry reads back unchanged: while it is in the write cache, once a
+    checkpoint moved it to the entry log and index, and after the bookie restarted."""
+    from polling import eventually
+    b, = bookies(1, metadata_uri=None, checkpoint_interval=3600, checkpoint_bytes="16KiB")
+
+    def checkpoints() -> float:
+        page = b.http_get("/metrics")[1].decode()
+        return next(float(line.split()[1]) for line in page.splitlines() if line.startswith("pybk_bookie_checkpoints_total"))
+
+    async def check(c: BookieClient, eid: int) -> None:
+        await c.add(11, eid, body(11, eid, eid - 1), master_key=KEY)  # the same bytes: a retry
+        with pytest.raises(BookieError) as refused:
+            await c.add(11, eid, entry.encode(11, eid, eid - 1, b"forged"), master_key=KEY)
+        assert refused.value.code is Status.ENTRY_EXISTS
+        assert refused.value.message == (f"entry 11:{eid} is stored here with other bytes: entries are write-once, "
+                                         f"the stored one stays")
+        assert await c.read(11, eid) == body(11, eid, eid - 1)
+
+    async with await BookieClient.connect(b.address, wait=30) as c:
+        await asyncio.gather(*(c.add(11, i, body(11, i, i - 1), master_key=KEY) for i in range(3)))
+        await check(c, 0)  # in the write cache
+        assert checkpoints() == 0
+        await asyncio.gather(*(c.add(12, i, body(12, i, i - 1, size=1000), master_key=KEY) for i in range(40)))
+        await eventually(lambda: checkpoints() >= 1, timeout=20, what="a checkpoint (16 KiB cached)")
+        await check(c, 1)  # in the index and entry log now
+    await asyncio.to_thread(b.restart)
+    async with await BookieClient.connect(b.address, wait=30) as c:
+        await check(c, 2)
+        assert [e async for e, _ in c.read_range(11, 0, 2)] == [0, 1, 2]
+        metrics = (await asyncio.to_thread(b.http_get, "/metrics"))[1].decode()
+        assert 'pybk_bookie_add_errors_total{status="ENTRY_EXISTS"} 1.0' in metrics

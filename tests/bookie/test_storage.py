@@ -470,3 +470,68 @@ def test_first_key_admission_follows_the_metadata():
     assert admit_new_key(ledger, key, LedgerKeys(master_key=key)) == (pb.OK, "")  # an earlier release's ledger
     assert admit_new_key(ledger, b"x", LedgerKeys(master_key=key))[0] == pb.UNAUTHORIZED
     assert admit_new_key(ledger, b"x", LedgerKeys())[0] == pb.OK  # metadata that stores neither
+
+
+def _entry(ledger: int, eid: int, payload: bytes, key: bytes = KEY, flags: int = 0) -> pb.AddEntry:
+    return pb.AddEntry(request_id=eid, ledger_id=ledger, entry_id=eid, master_key=key, flags=flags,
+                       body=entry.encode(ledger, eid, eid - 1, payload))
+
+
+async def test_entries_are_write_once_in_the_cache_in_flight_and_in_the_index(tmp_path, child_processes):
+    """The same bytes again are accepted (a retry, a recovery add), other bytes refused
+    ENTRY_EXISTS and the stored entry kept: in the write cache, during a checkpoint, in the
+    index; within one batch and one run too; ids above the highest held pass without a lookup."""
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        first = [_entry(5, i, b"v1-%d" % i) for i in range(4)]
+        await b.add_batch(first)[1]
+        again = [_entry(5, 1, b"v1-1"), _entry(5, 2, b"v2-2"), _entry(5, 4, b"v1-4"),
+                 _entry(5, 4, b"v1-4"), _entry(5, 5, b"v1-5"), _entry(5, 5, b"v2-5"),
+                 _entry(5, 3, b"v2-3", flags=pb.RECOVERY_ADD)]
+        errors, fut = b.add_batch(again)
+        assert statuses(errors, 7) == [pb.OK, pb.ENTRY_EXISTS, pb.OK, pb.OK, pb.OK, pb.ENTRY_EXISTS, pb.ENTRY_EXISTS]
+        assert errors[0][2] == "entry 5:2 is stored here with other bytes: entries are write-once, the stored one stays"
+        await fut
+        held = {i: b.read_entry(5, i) for i in range(6)}
+        assert held == {**{e.entry_id: e.body for e in first}, 4: _entry(5, 4, b"v1-4").body,
+                        5: _entry(5, 5, b"v1-5").body}
+        checkpoint = asyncio.ensure_future(b.checkpoint())
+        await asyncio.sleep(0)  # the checkpoint has taken the cache: its entries are in flight
+        assert b.flushing is not None and not b.cache.count
+        assert statuses(b.add_batch([_entry(5, 0, b"v2-0")])[0], 1) == [pb.ENTRY_EXISTS]
+        await checkpoint
+        assert b.index.location(5, 0) is not None and b.cache.get(5, 0) is None
+        errors, fut = b.add_batch([_entry(5, 0, b"v1-0"), _entry(5, 1, b"v2-1"), _entry(5, 6, b"v1-6")])
+        assert statuses(errors, 3) == [pb.OK, pb.ENTRY_EXISTS, pb.OK]
+        await fut
+        assert [b.read_entry(5, i) for i in range(7)] == [held[i] for i in range(6)] + [_entry(5, 6, b"v1-6").body]
+    finally:
+        await b.close()
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        assert statuses(b.add_batch([_entry(5, 6, b"v2-6"), _entry(5, 2, b"v2-2")])[0], 2) == [pb.ENTRY_EXISTS] * 2
+        assert b.read_entry(5, 6) == _entry(5, 6, b"v1-6").body and b.read_entry(5, 2) == held[2]
+    finally:
+        await b.close()
+
+
+async def test_a_rotted_copy_of_an_entry_is_replaced_by_an_add(tmp_path):
+    """An entry whose record fails its checksum is as good as missing: an add stores it again."""
+    b = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
+    await b.start()
+    try:
+        good = _entry(6, 0, b"x" * 300)
+        await b.add_batch([good])[1]
+        await b.checkpoint()
+        _, log_id, offset = b.index.location(6, 0)
+        with open(b.entrylogs[0].path(log_id), "r+b") as f:
+            f.seek(offset + LOG_HEADER + 100)
+            f.write(b"y")
+        errors, fut = b.add_batch([good])
+        assert errors == []
+        await fut
+        assert b.read_entry(6, 0) == good.body
+    finally:
+        await b.close()

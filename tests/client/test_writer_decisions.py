@@ -26,6 +26,7 @@ def test_fencing_and_refusals_stop_the_writer_back_pressure_resends_anything_els
     assert reaction(Status.UNAUTHORIZED) is Reaction.UNAUTHORIZED
     assert reaction(Status.BAD_REQUEST) is Reaction.REFUSED
     assert reaction(Status.TOO_MANY_REQUESTS) is Reaction.RESEND_LATER
+    assert reaction(Status.ENTRY_EXISTS) is Reaction.EXISTS
     for status in (Status.IO_ERROR, Status.READ_ONLY, Status.NO_LEDGER, Status.NO_ENTRY, None):
         assert reaction(status) is Reaction.REPLACE_BOOKIE
 

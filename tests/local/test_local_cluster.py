@@ -62,10 +62,11 @@ def test_up_detach_writes_local_json_in_the_documented_shape(cluster):
     assert doc == json.loads((data_dir / "local.json").read_text())
     assert set(doc) == {"metadata_service_uri", "etcd", "bookies", "autorecovery"}
     assert doc["metadata_service_uri"].startswith("etcd://127.0.0.1:") and doc["metadata_service_uri"].endswith("/pybk")
-    assert set(doc["etcd"]) == {"pid", "client_url"} and _alive(doc["etcd"]["pid"])
+    assert set(doc["etcd"]) == {"pid", "client_url", "restarts", "last_exit_code"} and _alive(doc["etcd"]["pid"])
+    assert (doc["etcd"]["restarts"], doc["etcd"]["last_exit_code"]) == (0, None)
     assert [b["id"] for b in doc["bookies"]] == ["bookie-0", "bookie-1", "bookie-2"]
     for b in doc["bookies"]:
-        assert set(b) == {"id", "pid", "grpc", "http", "journal_dir", "ledger_dirs"}
+        assert set(b) == {"id", "pid", "grpc", "http", "journal_dir", "ledger_dirs", "restarts", "last_exit_code"}
         assert _alive(b["pid"])
         assert Path(b["journal_dir"]) == data_dir.resolve() / b["id"] / "journal"
         assert [Path(d) for d in b["ledger_dirs"]] == [data_dir.resolve() / b["id"] / "ledgers"]
@@ -230,3 +231,62 @@ async def test_up_stores_the_manifests_ledger_defaults_where_clients_find_them(c
         assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 3, 2)
         await lh.close()
         await bk.delete_ledger(lh.ledger_id, b"defaults")
+
+
+def test_a_bookie_killed_hard_is_started_again_with_back_off_and_status_counts_its_restarts(tmp_path, child_processes):
+    """As a StatefulSet restarts its pod: kill -9 of a bookie brings it back after a second, with
+    its data; killed again soon after, it comes back after twice the delay; `pybk local status`
+    shows the restarts and the last exit code.
+
+    Slow: a local cluster and two kill-and-restart cycles of its bookie, 1 s and 2 s of back-off
+    (about 25 s with the machine loaded)."""
+    import asyncio
+    from pybk.client import BookKeeper
+    from pybk.local.client import read_client
+    from polling import eventually
+    data_dir = tmp_path / "d"
+    with control.detached(manifest(tmp_path, replicas=1, ensemble=1), data_dir) as doc:
+        assert doc["bookies"][0]["restarts"] == 0 and doc["bookies"][0]["last_exit_code"] is None
+
+        async def write() -> int:
+            async with await BookKeeper.connect(doc["metadata_service_uri"]) as bk:
+                lh = await bk.create_ledger(ensemble=1, password=b"pw")
+                for i in range(10):
+                    await lh.add_entry(b"entry %d" % i)
+                await lh.close()
+                return lh.ledger_id
+
+        async def read(ledger_id: int) -> list[bytes]:
+            async with await BookKeeper.connect(read_client(data_dir).metadata_uri) as bk:
+                rh = await bk.open_ledger(ledger_id, password=b"pw")
+                return [bytes(e.data) async for e in rh.read_entries(0, 9)]
+
+        ledger_id = asyncio.run(write())
+        for n, delay in ((1, 1), (2, 2)):
+            pid = read_local_json(data_dir)["bookies"][0]["pid"]
+            os.killpg(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            back = asyncio.run(eventually(lambda: (b := read_local_json(data_dir)["bookies"][0])["pid"] != pid and b,
+                                          timeout=30, interval=0.05, what=f"bookie-0 started again ({n})"))
+            assert time.monotonic() - killed >= delay * 0.9
+            assert back["restarts"] == n and back["last_exit_code"] == -signal.SIGKILL
+            assert asyncio.run(eventually(lambda: _ready(back["http"]), timeout=60, what="bookie-0 ready"))
+        assert asyncio.run(read(ledger_id)) == [b"entry %d" % i for i in range(10)]
+        status = pybk("local", "status", "--data-dir", data_dir, "-o", "json")
+        assert status.returncode == 0, status.stderr
+        got = json.loads(status.stdout)["bookies"][0]
+        assert (got["restarts"], got["last_exit_code"], got["alive"]) == (2, -9, True)
+        text = pybk("local", "status", "--data-dir", data_dir)
+        assert "RESTARTS" in text.stdout and "2 (last exit -9)" in text.stdout, text.stdout
+        log = (data_dir / "local.log").read_text()
+        assert "bookie-0 (pid" in log and "starting it again in 1s (restart 1)" in log
+        assert "starting it again in 2s (restart 2)" in log
+
+
+def _ready(http: str) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{http}/api/v1/bookie/is_ready", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

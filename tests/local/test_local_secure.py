@@ -115,6 +115,38 @@ def test_no_secret_is_on_any_process_command_line(secured):
     assert f"--auth-file {security.auth_file}" in bookie and f"--tls-ca {security.ca_cert}" in bookie
 
 
+def test_etcd_s_peer_port_speaks_tls_to_its_own_certificate_only(secured):
+    """A plaintext peer port would take raft messages from anyone who reaches it. It serves TLS,
+    and only a client certificate of the local CA with etcd's own common name gets through: not
+    a plaintext client, not one without a certificate, not another identity of the same CA."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    data_dir, doc = secured
+    argv = Path(f"/proc/{doc['etcd']['pid']}/cmdline").read_bytes().decode().split("\0")
+    peer = argv[argv.index("--listen-peer-urls") + 1]
+    assert peer.startswith("https://127.0.0.1:")
+    security = LocalSecurity.of(data_dir)
+
+    def members(url: str, who: Identity | None) -> object:
+        context = ssl.create_default_context(cafile=str(security.ca_cert)) if url.startswith("https") else None
+        if who is not None:
+            context.load_cert_chain(security.identity(who).cert, security.identity(who).key)
+        try:
+            with urllib.request.urlopen(url + "/members", timeout=10, context=context) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, ConnectionError, ssl.SSLError) as exc:
+            return exc
+
+    plaintext = members(peer.replace("https://", "http://"), None)
+    assert isinstance(plaintext, Exception) and "Remote end closed" in str(plaintext)
+    for who in (None, Identity.READER, Identity.BOOKIE):
+        refused = members(peer, who)
+        assert isinstance(refused, Exception) and "BAD_CERTIFICATE" in str(refused), (who, refused)
+    own = members(peer, Identity.ETCD)
+    assert [m["name"] for m in own] == ["pybk-etcd"] and own[0]["clientURLs"] == [doc["etcd"]["client_url"]]
+
+
 def test_shell_lists_and_reads_ledgers_through_tls_and_token(secured):
     data_dir, _ = secured
     written = asyncio.run(write_ledgers(read_client(data_dir), count=1))
@@ -146,6 +178,34 @@ def test_the_shell_acts_as_a_reader_with_the_reader_token_from_the_environment(s
     test = pybk("shell", "simpletest", "-n", "3", "--data-dir", data_dir, env=reader)
     assert test.returncode == 1
     assert "PERMISSION_DENIED" in test.stderr and "needs role writer" in test.stderr, test.stderr
+
+
+def test_simpletest_gives_its_ledger_a_password_and_the_library_refuses_one_without(secured):
+    """A secured cluster's ledgers all have passwords: simpletest makes one up (shown only when the
+    ledger is kept), and a library client with the cluster's settings refuses to create a ledger
+    without one."""
+    from pybk.client import BookKeeper, InsecureLedgerError
+    data_dir, _ = secured
+    test = pybk("shell", "simpletest", "-n", "5", "--data-dir", data_dir, "-o", "json")
+    assert test.returncode == 0, test.stderr
+    assert json.loads(test.stdout)["deleted"] and "password" not in json.loads(test.stdout)
+    kept = pybk("shell", "simpletest", "-n", "5", "--keep", "--data-dir", data_dir, "-o", "json")
+    assert kept.returncode == 0, kept.stderr
+    result = json.loads(kept.stdout)
+    assert len(result["password"]) >= 32
+    read = pybk("shell", "readledger", result["ledger_id"], "--password", result["password"], "--data-dir", data_dir,
+                "-o", "json")
+    assert read.returncode == 0 and len(json.loads(read.stdout)["entries"]) == 5, read.stderr
+    wrong = pybk("shell", "readledger", result["ledger_id"], "--data-dir", data_dir)
+    assert wrong.returncode == 1 and f"wrong password for ledger {result['ledger_id']}" in wrong.stderr
+
+    async def create_without_password() -> str:
+        cluster = read_client(data_dir)
+        async with await BookKeeper.connect(cluster.metadata_uri, security=cluster.security) as bk:
+            with pytest.raises(InsecureLedgerError) as refused:
+                await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            return str(refused.value)
+    assert asyncio.run(create_without_password()).startswith("refusing to create a ledger without a password")
 
 
 async def test_bookies_refuse_a_client_without_a_token(secured):
@@ -208,8 +268,14 @@ async def test_a_ledger_left_open_is_recovered_with_every_acked_entry(secured):
         await store.close()
 
 
-def _kill(pid: int) -> None:
-    os.killpg(pid, signal.SIGKILL)
+def _lose(bookie: dict) -> None:
+    """Lose a local bookie for good, as a node with its disk: its dirs go, then its process (kill
+    -9). The supervisor starts it again, as Kubernetes would, but with empty dirs it refuses to
+    start (its cookie in etcd names data it no longer has) and never registers."""
+    import shutil
+    for d in [bookie["journal_dir"], *bookie["ledger_dirs"]]:
+        shutil.rmtree(d)
+    os.killpg(bookie["pid"], signal.SIGKILL)
 
 
 async def _referencing(cluster: LocalClient, ledgers: list[int], bookie_id: str) -> list[int]:
@@ -229,7 +295,7 @@ async def test_autorecovery_replaces_a_lost_bookie_with_security_on(tmp_path, ch
         cluster = read_client(data_dir)
         written = await write_ledgers(cluster, count=4, leave_open=True)
         victim = [b for b in doc["bookies"] if await _referencing(cluster, list(written), b["id"])][0]
-        _kill(victim["pid"])
+        _lose(victim)
         async def moved_off() -> bool:
             return await _referencing(cluster, list(written), victim["id"]) == []
         await eventually(moved_off, timeout=120, what=f"autorecovery to move every ledger off {victim['id']}")

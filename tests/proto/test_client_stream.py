@@ -76,6 +76,7 @@ async def _pybk_server(engine: str, seen: Seen, ssl_context: ssl.SSLContext | No
         seen.headers.append(dict(call.headers))
         seen.alpn.append(call.ssl_object.selected_alpn_protocol() if call.ssl_object else None)
         if call.path == ECHO:
+            call.trust_connection()  # as a bookie does for a call whose credential it knows
             call.send_headers([("x-served-by", engine)])
             return _Echo(call, seen)
         return _Refuse(call, seen) if call.path == REFUSE else None

@@ -4,13 +4,17 @@ on either HTTP/2 engine (pybk's own, libnghttp2's through ngh2)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import struct
 
 import grpc
+import hpack
 import pytest
 from polling import eventually
 
-from pybk.proto.grpc_server import Kind, Method, Server
+from pybk.proto import http2
+from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
 
 ANSWER = 1024 * 1024
 
@@ -30,7 +34,8 @@ def engine(request) -> str:
 @pytest.fixture
 async def served(engine):
     """A server with a few methods on a loopback port: (address, the handlers' record)."""
-    seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None}
+    seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None, "release": asyncio.Event(),
+                  "late": []}
 
     async def echo(request: bytes, context):
         seen["metadata"], seen["peer"] = dict(context.invocation_metadata()), context.peer()
@@ -51,6 +56,15 @@ async def served(engine):
             seen["cancelled"] += 1
             raise
 
+    async def late(request: bytes, context):
+        try:
+            await seen["release"].wait()
+            seen["late"].append("answering")
+            return b"too late"
+        except asyncio.CancelledError:
+            seen["late"].append("cancelled")
+            raise
+
     async def count(requests, context):
         n = 0
         async for r in requests:
@@ -61,7 +75,8 @@ async def served(engine):
                Method("/t.T/Refuse", Kind.UNARY, _same, _same, refuse),
                Method("/t.T/Broken", Kind.UNARY, _same, _same, broken),
                Method("/t.T/Flood", Kind.SERVER_STREAM, _same, _same, flood),
-               Method("/t.T/Count", Kind.BIDI, _same, _same, count)]
+               Method("/t.T/Count", Kind.BIDI, _same, _same, count),
+               Method("/t.T/Late", Kind.UNARY, _same, _same, late)]
     sock = socket.create_server(("127.0.0.1", 0))
     server = Server(methods, sock, 4 * 1024 * 1024, engine=engine)
     await server.start()
@@ -135,3 +150,98 @@ async def test_stop_ends_running_calls_after_the_grace_and_refuses_new_connectio
     with pytest.raises(OSError):
         host, port = address.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+async def test_a_call_in_flight_when_its_connection_ends_is_cancelled_and_writes_nothing(served, caplog):
+    """A client that sends GOAWAY ends its connection here; a handler still running must not
+    write after the connection's EOF (that raised "Cannot call writelines() after write_eof()"
+    from the handler's task, an exception nobody retrieved)."""
+    address, seen, _ = served
+    loop = asyncio.get_running_loop()
+    unhandled: list = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Late"),
+                                      (":authority", "x"), ("content-type", "application/grpc")])
+    writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
+                 + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, headers)
+                 + http2.frame(http2.DATA, http2.END_STREAM, 1, b"\x00" + struct.pack(">I", 2) + b"go"))
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the call is running, waiting to answer
+    writer.write(http2.frame(http2.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    await writer.drain()
+    with caplog.at_level(logging.ERROR, logger="pybk.proto.grpc_server"):
+        await asyncio.sleep(0.2)  # the connection is ending (the server reads on for a second)
+        seen["release"].set()
+        await eventually(lambda: seen["late"], timeout=10, interval=0.01, what="the handler's end")
+        await asyncio.sleep(0.1)
+    assert seen["late"] == ["cancelled"]
+    assert [r.getMessage() for r in caplog.records] == [] and unhandled == []
+    assert await reader.read() != b""  # the server's SETTINGS and GOAWAY, then the end
+    writer.close()
+
+
+async def _ended(source: str, port: int) -> bool:
+    """Connect from `source`: whether the server ends the connection at once (EOF or a reset)."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    except ConnectionResetError:
+        return True
+    try:
+        return await asyncio.wait_for(reader.read(), 0.5) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+async def test_connections_beyond_the_limits_are_refused_as_accepted_and_counted():
+    refused: list[str] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = Server([], sock, 1024, limits=ConnectionLimits(max_connections=3, max_connections_per_peer=2),
+                    on_refused=refused.append)
+    await server.start()
+    port = sock.getsockname()[1]
+    held = []
+    try:
+        for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3"):
+            held.append(await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
+        await eventually(lambda: server.connections == 3, timeout=10, interval=0.01, what="three held")
+        assert await _ended("127.0.0.4", port)  # a fourth in all
+        for _, w in held[1:]:
+            w.close()
+        await eventually(lambda: server.connections == 1, timeout=10, interval=0.01, what="two gone")
+        assert await _ended("127.0.0.2", port) is False  # its second
+        assert await _ended("127.0.0.3", port) is False
+        await eventually(lambda: server.connections == 1, timeout=10, interval=0.01, what="those gone")
+        held.append(await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)))
+        assert await _ended("127.0.0.2", port)  # a third from 127.0.0.2
+        assert refused == ["max_connections", "max_connections_per_peer"]
+    finally:
+        for _, w in held:
+            w.close()
+        await server.stop(None)
+
+
+async def test_an_idle_connection_gets_goaway_no_error_and_a_channel_calls_on():
+    closed: list[str] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    echo = Method("/t.T/Echo", Kind.UNARY, _same, _same, lambda request, context: _async(request))
+    server = Server([echo], sock, 1024, limits=ConnectionLimits(idle_timeout=0.5), on_closed=closed.append)
+    await server.start()
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        async with grpc.aio.insecure_channel(address) as ch:
+            for i in range(4):
+                assert await ch.unary_unary("/t.T/Echo")(b"%d" % i) == b"%d" % i
+                await eventually(lambda: len(closed) > i, timeout=10, interval=0.01, what="an idle close")
+        assert set(closed) == {"idle"}
+        await eventually(lambda: server.connections == 0, timeout=10, interval=0.01, what="the connections gone")
+    finally:
+        await server.stop(None)
+
+
+async def _async(value):
+    return value

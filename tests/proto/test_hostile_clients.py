@@ -34,6 +34,11 @@ def _same(b):
     return b
 
 
+async def _echo(requests, context):
+    async for r in requests:
+        await context.write(r)
+
+
 @pytest.fixture
 async def served():
     """A server on the ngh2 engine: (address, the Server, the handlers' record)."""
@@ -61,7 +66,7 @@ async def served():
 
 def _connection(server: Server):
     """The one client connection the server holds."""
-    conns = list(server._connections)
+    conns = [link.conn for link in server._links if link.conn is not None]
     assert len(conns) == 1
     return conns[0]
 
@@ -132,63 +137,157 @@ def _rss() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+class Stalled:
+    """A client (the `h2` library, keeping to flow control as a careful attacker does) that opens
+    `streams` calls, announces on each a message just under the limit and sends all of it but its
+    last KiB, for as long as the server gives it credit. `sent`: what the server let in."""
+
+    def __init__(self, client, reader, writer, streams: list[int], left: dict[int, int], sent: int, goaway):
+        self.client, self.reader, self.writer = client, reader, writer
+        self.streams, self.left, self.sent, self.goaway = streams, left, sent, goaway
+
+    @classmethod
+    async def run(cls, address: str, streams: int = 300, timeout: float = 60) -> "Stalled":
+        reader, writer = await asyncio.open_connection(*http2.split_address(address))
+        client = h2_connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        ids = [client.get_next_available_stream_id()]
+        for _ in range(streams - 1):
+            ids.append(ids[-1] + 2)
+        for s in ids:
+            client.send_headers(s, _headers("/t.T/Echo"))
+        writer.write(client.data_to_send())
+        body = MAX_MESSAGE - 1024
+        left = {s: body for s in ids}
+        for s in ids:
+            client.send_data(s, b"\x00" + struct.pack(">I", MAX_MESSAGE - 8))
+        loop = asyncio.get_running_loop()
+        deadline, idle_since, sent, goaway = loop.time() + timeout, None, 0, None
+        chunk = b"m" * 16_384
+        while loop.time() < deadline and goaway is None:
+            progressed = False
+            for s in ids:
+                room = min(client.local_flow_control_window(s), left[s], len(chunk))
+                if room > 0:
+                    client.send_data(s, chunk[:room])
+                    left[s] -= room
+                    sent += room
+                    progressed = True
+            writer.write(client.data_to_send())
+            try:
+                await writer.drain()
+                data = await asyncio.wait_for(reader.read(1 << 20), 0.2)
+            except asyncio.TimeoutError:
+                data = b""
+            except ConnectionError:
+                break
+            if data:
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway = event.error_code
+                writer.write(client.data_to_send())
+            if progressed or data:
+                idle_since = None
+            else:
+                idle_since = idle_since or loop.time()
+                if loop.time() - idle_since > 1.5:
+                    break
+        else:
+            if goaway is None:
+                pytest.fail(f"the client could still send after {sent} bytes")
+        return cls(client, reader, writer, ids, left, sent, goaway)
+
+    @property
+    def held_back(self) -> bool:
+        """Every stream that has more to send is out of window, or the connection is."""
+        return self.client.outbound_flow_control_window == 0 or all(
+            self.left[s] == 0 or self.client.local_flow_control_window(s) == 0 for s in self.streams)
+
+
 async def test_300_streams_each_holding_most_of_a_large_message_stall_within_the_byte_budget(served):
     """Before: each stream's credit came back as its frames were parsed, so 300 streams holding
     9 MiB each grew the server by 2.7 GB. Now the connection stops crediting once it holds its
     budget: the client, keeping to flow control, cannot send more."""
     address, server, _ = served
-    reader, writer = await asyncio.open_connection(*http2.split_address(address))
-    client = h2_connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    client.initiate_connection()
-    streams = [client.get_next_available_stream_id() for _ in range(1)]
-    for _ in range(299):
-        streams.append(streams[-1] + 2)
-    for s in streams:
-        client.send_headers(s, _headers("/t.T/Echo"))
-    writer.write(client.data_to_send())
-    # each stream announces a message just under the limit and sends all of it but its last KiB
-    body = MAX_MESSAGE - 1024
-    left = {s: body for s in streams}
-    for s in streams:
-        client.send_data(s, b"\x00" + struct.pack(">I", MAX_MESSAGE - 8))
     rss_before = _rss()
-    loop = asyncio.get_running_loop()
-    deadline, idle_since, sent = loop.time() + 60, None, 0
-    chunk = b"m" * 16_384
-    while loop.time() < deadline:
-        progressed = False
-        for s in streams:
-            room = min(client.local_flow_control_window(s), left[s], len(chunk))
-            if room > 0:
-                client.send_data(s, chunk[:room])
-                left[s] -= room
-                sent += room
-                progressed = True
-        writer.write(client.data_to_send())
-        await writer.drain()
-        try:
-            data = await asyncio.wait_for(reader.read(1 << 20), 0.2)
-        except asyncio.TimeoutError:
-            data = b""
-        if data:
-            client.receive_data(data)
-            writer.write(client.data_to_send())
-        if progressed or data:
-            idle_since = None
-        else:
-            idle_since = idle_since or loop.time()
-            if loop.time() - idle_since > 1.5:
-                break
-    else:
-        pytest.fail(f"the client could still send after {sent} bytes")
+    stalled = await Stalled.run(address)
     conn = _connection(server)
     bound = ngh2_server.INBOUND_BUDGET + ngh2_server.CONNECTION_WINDOW
-    assert client.outbound_flow_control_window == 0 or all(
-        left[s] == 0 or client.local_flow_control_window(s) == 0 for s in streams)  # held back by flow control
-    assert sent <= bound + 300 * 16_384
+    assert stalled.held_back
+    assert stalled.sent <= bound + 300 * 16_384
     assert conn.held <= bound
     assert _rss() - rss_before < 200 * 1024 * 1024   # was 2.7 GB
-    writer.close()
+    stalled.writer.close()
+
+
+async def test_a_connection_whose_calls_carry_no_known_credential_gets_a_small_budget():
+    """A server that knows none of the calls' credentials (a secured bookie, a client with none):
+    the connection keeps HTTP/2's default window and the untrusted budget, so 300 half-sent 9 MiB
+    messages make it hold at most about 128 KiB; a call with a known credential opens it."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    known: list[bool] = [False]
+    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE, engine="ngh2",
+                    identify=lambda context: known[0])
+    await server.start()
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        stalled = await Stalled.run(address, timeout=30)
+        conn = _connection(server)
+        bound = ngh2_server.UNTRUSTED_BUDGET + 65_535
+        assert stalled.held_back and stalled.sent <= bound + 16_384
+        assert conn.held <= bound and not conn.trusted
+        stalled.writer.close()
+        known[0] = True
+        async with grpc.aio.insecure_channel(address) as channel:
+            big = b"k" * (2 * 1024 * 1024)
+            call = channel.stream_stream("/t.T/Echo")()
+            await call.write(big)
+            await call.done_writing()
+            assert [a async for a in call] == [big]
+    finally:
+        await server.stop(None)
+
+
+async def test_connections_past_the_process_budget_end_those_holding_most_and_spare_the_others():
+    """Each connection within its own budget, three attackers together past the process's: credit
+    ahead of consumption stops at half the budget, and past all of it the connection holding the
+    most is ended ENHANCE_YOUR_CALM, until what is left fits. A client making small calls
+    meanwhile holds little, so it is never the one ended: every one of its calls is answered."""
+    limit = 20 * 1024 * 1024
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE, engine="ngh2",
+                    budget_bytes=limit)
+    await server.start()
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    answered: list[bytes] = []
+
+    async def legitimate(stop: asyncio.Event) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            i = 0
+            while not stop.is_set() and i < 2000:
+                call = channel.stream_stream("/t.T/Echo")()
+                await call.write(b"%d" % i)
+                await call.done_writing()
+                answered.extend([a async for a in call])
+                assert await call.code() == grpc.StatusCode.OK
+                i += 1
+                await asyncio.sleep(0.01)
+
+    try:
+        stop = asyncio.Event()
+        writer = asyncio.ensure_future(legitimate(stop))
+        runs = await asyncio.gather(*(Stalled.run(address, streams=50, timeout=30) for _ in range(3)))
+        stop.set()
+        await asyncio.wait_for(writer, 30)
+        ended = [r for r in runs if r.goaway is not None]
+        assert ended and {r.goaway for r in ended} == {ENHANCE_YOUR_CALM}
+        assert all(r.held_back for r in runs if r.goaway is None)
+        assert answered == [b"%d" % i for i in range(len(answered))] and len(answered) > 10
+        assert server._budget.used <= limit
+        for r in runs:
+            r.writer.close()
+    finally:
+        await server.stop(None)
 
 
 async def test_streams_whose_answers_are_never_read_stop_at_the_answer_budget(served):
@@ -203,7 +302,7 @@ async def test_streams_whose_answers_are_never_read_stop_at_the_answer_budget(se
         stream = 1 + 2 * i
         raw.writer.write(raw.request(stream, "/t.T/Flood")
                          + http2.frame(http2.DATA, http2.END_STREAM, stream, request))
-    await eventually(lambda: server._connections and _connection(server).buffered > ngh2_server.ANSWER_BUDGET,
+    await eventually(lambda: server.connections and _connection(server).buffered > ngh2_server.ANSWER_BUDGET,
                      timeout=20, interval=0.05, what="the answers to back up")
     await asyncio.sleep(0.5)  # what more the server would take, it takes now
     conn = _connection(server)
@@ -227,7 +326,7 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
     code, why = await raw.goaway()
     longest = watch.stop()
     assert code == ENHANCE_YOUR_CALM, why
-    assert longest < 0.1, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"
+    assert longest < 0.25, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"  # before: 28 s
     raw.close()
     # and one frame with thousands of entries, on a connection of its own
     raw = await Raw.connect(address)

@@ -126,3 +126,33 @@ async def test_info_tells_the_caller_who_the_bookie_takes_it_for(bookies, pki):
     async with await BookieClient.connect(open_bookie.address) as c:
         info = await c.info()
     assert info["caller_role"] == "admin" and "security off" in info["caller"]
+
+
+async def test_a_tls_connection_must_finish_its_handshake_and_preface_in_time(bookies, pki):
+    """handshake_timeout 1 s counts from the TCP connection: a client that never says hello, and
+    one that finishes TLS but never sends the HTTP/2 preface, are both dropped; a client that
+    speaks is served."""
+    import socket
+    import ssl
+    from pybk.proto import http2
+    from pybk.security.tls import client_ssl_context
+    b, = bookies(1, metadata_uri=None, handshake_timeout=1, **pki.bookie_options())
+    loop = asyncio.get_running_loop()
+    mute = socket.create_connection(("127.0.0.1", b.port))
+    context = client_ssl_context(pki.client())
+    context.set_alpn_protocols(["h2"])
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port, ssl=context, server_hostname="127.0.0.1")
+    try:
+        got = await asyncio.wait_for(reader.read(), 15)  # TLS up, no preface: dropped after the SETTINGS
+        assert reader.at_eof() and got[3] == http2.SETTINGS
+        mute.settimeout(15)
+        assert await loop.run_in_executor(None, mute.recv, 1) == b""  # never a ClientHello: dropped
+        async with await BookieClient.connect(b.address, security=pki.client("reader")) as c:
+            assert (await c.info())["caller_role"] == "reader"
+        status, page = b.http_get("/metrics")
+        assert 'pybk_bookie_connections_closed_total{reason="handshake_timeout"} 2.0' in page.decode()
+    except (ConnectionResetError, ssl.SSLError):
+        raise AssertionError("a dropped connection should end, not fail")
+    finally:
+        mute.close()
+        writer.close()

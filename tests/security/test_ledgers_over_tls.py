@@ -115,3 +115,23 @@ async def test_deleting_needs_the_password_or_an_admin_credential(bookies, pki, 
         await bk.delete_ledger(lh.ledger_id, force=True)
         with pytest.raises(NoSuchLedgerError):
             await bk.ledger_metadata(lh.ledger_id)
+
+
+async def test_with_security_on_a_ledger_without_a_password_is_refused(bookies, pki, metadata_uri):
+    """Its master key would be the empty password's, which anyone can compute: a secured client
+    refuses to create it (nothing is allocated), and creates it with a password."""
+    from pybk.client import InsecureLedgerError
+    from pybk.meta import MetadataStore
+    bookies(1, **pki.bookie_options())
+    async with await BookKeeper.connect(metadata_uri, security=pki.client("writer")) as bk:
+        for password in (None, b""):
+            with pytest.raises(InsecureLedgerError) as refused:
+                await bk.create_ledger(ensemble=1, password=password)
+            first = str(refused.value).splitlines()[0]
+            assert first.startswith("refusing to create a ledger without a password: with security on, its master "
+                                    "key would be the empty password's, which anyone can compute")
+        async with await MetadataStore.connect(metadata_uri) as store:
+            assert [md.ledger_id async for md in store.ledgers.list_metadata()] == []
+        lh = await bk.create_ledger(ensemble=1, password=b"a long random secret")
+        assert await lh.add_entry(b"kept") == 0
+        await lh.close()

@@ -168,3 +168,21 @@ def test_docs_option_tables_list_exactly_the_read_options():
     documented.discard("option")
     assert documented == set(READ_OPTIONS) - {"path"}, documented ^ (set(READ_OPTIONS) - {"path"})
     assert 'load("1,2")' in reading  # path
+
+
+def test_a_write_without_a_password_is_refused_on_the_driver_when_security_is_on(monkeypatch):
+    from pybk.client.bookkeeper import public_key_refusal
+    from pybk.security.settings import ENV, ClientSecurity
+    from pybk.spark.source import _write_options
+    for variable in ENV.values():
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PYBK_LOCAL_DIR", "/nonexistent")
+    assert _write_options({"metadataServiceUri": URI}).password == b""  # security off: as before
+    with pytest.raises(OptionError, match="^option password: refusing to create a ledger without a password"):
+        _write_options({"metadataServiceUri": URI, "tls_ca": "/etc/pybk/ca.crt"})
+    monkeypatch.setenv("PYBK_TOKEN_FILE", "/etc/pybk/token")  # the executors' credentials, from the environment
+    with pytest.raises(OptionError, match="master key would be the empty password's"):
+        _write_options({"metadataServiceUri": URI})
+    assert _write_options({"metadataServiceUri": URI, "password": "s3cret"}).password == b"s3cret"
+    assert public_key_refusal(b"", ClientSecurity()) == "" and public_key_refusal(b"x", ClientSecurity(tls_ca="c")) == ""
+    assert public_key_refusal(None, ClientSecurity(tls_cert="c")).startswith("refusing")
