@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import struct
 
-from pybk.proto.http2 import split_address
+from pybk.transport.ngh2_client import split_address
 
 
 class FlowChecker:

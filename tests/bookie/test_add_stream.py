@@ -1,6 +1,5 @@
-"""The client's Add stream speaks HTTP/2 without grpc.aio (pybk.proto.http2.ClientStream): shown
-against real `pybk bookie` processes, for each client engine (pybk's own framing, libnghttp2's)
-against each server engine, which must see an ordinary gRPC call."""
+"""The client's Add stream speaks HTTP/2 without grpc.aio (pybk.transport.ngh2_client.ClientStream):
+shown against real `pybk bookie` processes, which must see an ordinary gRPC call."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +11,6 @@ import pytest
 
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieUnavailableError, Status
-from pybk.transport import CLIENT_ENGINE_VARIABLE, ENGINE_VARIABLE
 
 from flow_checker import FlowChecker
 
@@ -24,30 +22,12 @@ def body(eid: int, lac: int, size: int) -> bytes:
     return entry.encode(LEDGER, eid, lac, random.Random(eid).randbytes(size))
 
 
-@pytest.fixture(params=["own", "ngh2"])
-def client_engine(request, monkeypatch) -> str:
-    """The Add stream's HTTP/2 engine under test, for the clients the test makes."""
-    if request.param == "ngh2":
-        pytest.importorskip("ngh2")
-    monkeypatch.setenv(CLIENT_ENGINE_VARIABLE, request.param)
-    return request.param
-
-
-@pytest.fixture(params=["own", "ngh2"])
-def server_engine(request, monkeypatch) -> str:
-    """The bookies' HTTP/2 engine, for the bookies the test starts (they inherit the variable)."""
-    if request.param == "ngh2":
-        pytest.importorskip("ngh2")
-    monkeypatch.setenv(ENGINE_VARIABLE, request.param)
-    return request.param
-
-
 async def stored(address: str, last: int) -> list[bytes]:
     async with await BookieClient.connect(address) as c:
         return [b async for _, b in c.read_range(LEDGER, 0, last)]
 
 
-async def test_batches_keep_to_the_bookies_frame_size_and_flow_control_windows(bookies, client_engine, server_engine):
+async def test_batches_keep_to_the_bookies_frame_size_and_flow_control_windows(bookies):
     """Batches above the bookie's frame size and windows, alone and in bursts, go out in frames
     no bigger than it allows, within its windows and only under settings this side acknowledged
     (a server may raise them mid-stream, as gRPC's own does); every entry is stored byte for
@@ -69,8 +49,7 @@ async def test_batches_keep_to_the_bookies_frame_size_and_flow_control_windows(b
     assert await stored(b.address, len(bodies) - 1) == bodies
 
 
-async def test_a_stream_the_bookie_ends_with_an_error_fails_its_adds_naming_the_code(bookies, client_engine,
-                                                                                   server_engine):
+async def test_a_stream_the_bookie_ends_with_an_error_fails_its_adds_naming_the_code(bookies):
     """A message above the bookie's max_message_size ends the stream RESOURCE_EXHAUSTED (in the
     trailers): the adds fail with that code, and the next add opens a new stream that works."""
     b, = bookies(1, metadata_uri=None, max_entry_size=1024 * 1024, max_message_size=3 * 1024 * 1024)
@@ -83,7 +62,7 @@ async def test_a_stream_the_bookie_ends_with_an_error_fails_its_adds_naming_the_
     assert await stored(b.address, 0) == [small]
 
 
-async def test_an_add_to_a_stalled_bookie_fails_once_its_keepalive_ping_goes_unanswered(bookies, client_engine):
+async def test_an_add_to_a_stalled_bookie_fails_once_its_keepalive_ping_goes_unanswered(bookies):
     """A bookie that is connected but silent (SIGSTOP) fails the adds in flight UNAVAILABLE after
     the keepalive (10 s of silence, then 5 s for the PING's answer), instead of holding them
     forever; what it acked before is still there once it runs again.

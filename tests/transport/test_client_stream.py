@@ -1,11 +1,10 @@
-"""A client's gRPC stream without grpc.aio (pybk.proto.http2.ClientStream), for each client engine:
-pybk's own framing and libnghttp2's (pybk.transport.ngh2_client). Against each server it meets:
-pybk's server connections on either engine and gRPC's own grpc.aio server, all in this process on
-loopback; and against raw sockets that answer what a broken, silent or departing server would."""
+"""The client's Add stream without grpc.aio (pybk.transport.ngh2_client.ClientStream), against
+each server it meets: pybk's server connections and gRPC's own C-core server (grpc.aio), all in
+this process on loopback; and against raw sockets that answer what a broken, silent or departing
+server would."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import ssl
 import struct
@@ -14,28 +13,19 @@ import grpc
 import hpack
 import pytest
 
+import h2frames
 from flow_checker import FlowChecker
 from polling import eventually
 
-from pybk.proto import http2
-from pybk.proto.grpc_server import connection_class
-from pybk.proto.h2server import Call
 from pybk.security.ca import CertificateAuthority
 from pybk.security.tls import ReloadingSSLContext, ServerTls
-from pybk.transport import CLIENT_ENGINE_VARIABLE, ENGINE_VARIABLE, http2_engine
+from pybk.transport.ngh2_client import CLOSED_AT_ONCE, PING_DATA, ClientStream
+from pybk.transport.ngh2_server import Call, GrpcServerConnection
 
 ECHO, REFUSE = "/t.T/Echo", "/t.T/Refuse"
 MAX_MESSAGE = 8 * 1024 * 1024
 REFUSAL = "not for you: 100% sure"
 TOKEN = (("authorization", "Bearer t0k"), ("x-client", "test"))
-
-
-@pytest.fixture(params=["own", "ngh2"])
-def client_engine(request) -> str:
-    """The client stream's HTTP/2 engine under test."""
-    if request.param == "ngh2":
-        pytest.importorskip("ngh2")
-    return request.param
 
 
 class Seen:
@@ -71,19 +61,18 @@ class _Refuse(_Echo):
         self.call.finish(grpc.StatusCode.PERMISSION_DENIED, REFUSAL)
 
 
-async def _pybk_server(engine: str, seen: Seen, ssl_context: ssl.SSLContext | None = None):
+async def _pybk_server(seen: Seen, ssl_context: ssl.SSLContext | None = None):
     def route(call: Call):
         seen.headers.append(dict(call.headers))
         seen.alpn.append(call.ssl_object.selected_alpn_protocol() if call.ssl_object else None)
         if call.path == ECHO:
             call.trust_connection()  # as a bookie does for a call whose credential it knows
-            call.send_headers([("x-served-by", engine)])
+            call.send_headers([("x-served-by", "pybk")])
             return _Echo(call, seen)
         return _Refuse(call, seen) if call.path == REFUSE else None
 
-    connection = connection_class(engine)
-    return await asyncio.get_running_loop().create_server(lambda: connection(route, MAX_MESSAGE), "127.0.0.1", 0,
-                                                          ssl=ssl_context)
+    return await asyncio.get_running_loop().create_server(lambda: GrpcServerConnection(route, MAX_MESSAGE),
+                                                          "127.0.0.1", 0, ssl=ssl_context)
 
 
 async def _aio_server(seen: Seen):
@@ -107,20 +96,18 @@ async def _aio_server(seen: Seen):
     return server, port
 
 
-@pytest.fixture(params=["own", "ngh2", "aio"])
+@pytest.fixture(params=["pybk", "aio"])
 async def server(request):
-    """A gRPC server on a loopback port serving ECHO and REFUSE: pybk's on either engine, or
-    grpc.aio's. (address, what it saw, its name)."""
+    """A gRPC server on a loopback port serving ECHO and REFUSE: pybk's, or grpc.aio's (gRPC's
+    C-core). (address, what it saw, its name)."""
     seen = Seen()
     if request.param == "aio":
         srv, port = await _aio_server(seen)
         yield f"127.0.0.1:{port}", seen, "aio"
         await srv.stop(None)
         return
-    if request.param == "ngh2":
-        pytest.importorskip("ngh2")
-    srv = await _pybk_server(request.param, seen)
-    yield f"127.0.0.1:{srv.sockets[0].getsockname()[1]}", seen, request.param
+    srv = await _pybk_server(seen)
+    yield f"127.0.0.1:{srv.sockets[0].getsockname()[1]}", seen, "pybk"
     srv.close()
 
 
@@ -132,9 +119,9 @@ class Client:
         self.metadata: list[list] = []
         self.ends: list[tuple[grpc.StatusCode, str]] = []
 
-    def open(self, engine: str, address: str, path: str = ECHO, **options) -> http2.ClientStream:
-        return http2.stream_class(engine).open(address, path, on_message=lambda m: self.answers.append(bytes(m)),
-                                               on_headers=self.metadata.append, on_end=self._ended, **options)
+    def open(self, address: str, path: str = ECHO, **options) -> ClientStream:
+        return ClientStream.open(address, path, on_message=lambda m: self.answers.append(bytes(m)),
+                                 on_headers=self.metadata.append, on_end=self._ended, **options)
 
     def _ended(self, code: grpc.StatusCode, details: str) -> None:
         self.ends.append((code, details))
@@ -152,13 +139,13 @@ def _messages() -> list[bytes]:
     return [bytes([i]) * n for i, n in enumerate(sizes)]
 
 
-async def test_every_answer_arrives_in_order_after_the_initial_metadata(client_engine, server):
+async def test_every_answer_arrives_in_order_after_the_initial_metadata(server):
     """Written before the connection is up and in a burst beyond the server's windows, every
     message is answered in order; the server sees the metadata (the token too) and its initial
     metadata reaches the client; cancelling calls nothing back."""
     address, seen, name = server
     client = Client()
-    stream = client.open(client_engine, address, metadata=TOKEN)
+    stream = client.open(address, metadata=TOKEN)
     messages = _messages()
     for m in messages:
         stream.write(m)
@@ -173,7 +160,7 @@ async def test_every_answer_arrives_in_order_after_the_initial_metadata(client_e
     assert client.ends == []
 
 
-async def test_data_keeps_to_the_server_s_frame_size_and_windows(client_engine, server):
+async def test_data_keeps_to_the_server_s_frame_size_and_windows(server):
     """Through a relay that checks every DATA frame: none above the server's frame size or
     beyond its windows, settings counting only from this side's ACK (grpc.aio's server raises
     them mid-stream with its BDP probe)."""
@@ -181,7 +168,7 @@ async def test_data_keeps_to_the_server_s_frame_size_and_windows(client_engine, 
     checker = FlowChecker(address)
     relay = await checker.start()
     client = Client()
-    stream = client.open(client_engine, relay)
+    stream = client.open(relay)
     messages = _messages()
     try:
         for m in messages:
@@ -195,34 +182,31 @@ async def test_data_keeps_to_the_server_s_frame_size_and_windows(client_engine, 
     assert checker.violations == []
 
 
-async def test_the_server_s_status_ends_the_stream_with_its_code_and_message(client_engine, server):
+async def test_the_server_s_status_ends_the_stream_with_its_code_and_message(server):
     address, _, _ = server
     client = Client()
-    client.open(client_engine, address, REFUSE).write(b"please")
+    client.open(address, REFUSE).write(b"please")
     assert await client.end() == (grpc.StatusCode.PERMISSION_DENIED, REFUSAL)
 
 
-async def test_an_answer_above_the_limit_ends_the_stream_resource_exhausted(client_engine, server):
+async def test_an_answer_above_the_limit_ends_the_stream_resource_exhausted(server):
     address, _, _ = server
     client = Client()
-    client.open(client_engine, address, max_receive_message_bytes=1000).write(b"x" * 2000)
+    client.open(address, max_receive_message_bytes=1000).write(b"x" * 2000)
     assert await client.end() == (grpc.StatusCode.RESOURCE_EXHAUSTED,
                                   "an answer from the server: received message larger than max (2000 vs. 1000 bytes)")
     assert client.answers == []
 
 
-@pytest.mark.parametrize("engine", ["own", "ngh2"])
-async def test_tls_with_alpn_h2_reaches_the_server(client_engine, engine, tmp_path):
+async def test_tls_with_alpn_h2_reaches_the_server(tmp_path):
     """TLS: the server certificate checked against the CA for the name given, ALPN h2 offered
     and taken."""
-    if engine == "ngh2":
-        pytest.importorskip("ngh2")
     files = CertificateAuthority.create().write_identity(tmp_path, "bookie-0", hosts=("bookie-0.example",))
     server_context = ReloadingSSLContext(ServerTls(str(files.cert), str(files.key)), alpn=["h2"]).context
     seen = Seen()
-    srv = await _pybk_server(engine, seen, server_context)
+    srv = await _pybk_server(seen, server_context)
     client = Client()
-    stream = client.open(client_engine, f"127.0.0.1:{srv.sockets[0].getsockname()[1]}",
+    stream = client.open(f"127.0.0.1:{srv.sockets[0].getsockname()[1]}",
                          ssl=ssl.create_default_context(cafile=str(files.ca)), server_hostname="bookie-0.example")
     stream.write(b"over TLS")
     try:
@@ -263,31 +247,31 @@ class RawServer:
                           until=lambda frames: False) -> None:
         """Read the client's frames into `frames` until `until(frames)` or EOF."""
         if not self._preface:
-            assert await reader.readexactly(len(http2.PREFACE)) == http2.PREFACE
+            assert await reader.readexactly(len(h2frames.PREFACE)) == h2frames.PREFACE
             self._preface = True
         while not until(self.frames) and (data := await reader.read(65536)):
-            for t, f, s, p in http2.frames(self._rx, data):
+            for t, f, s, p in h2frames.frames(self._rx, data):
                 self.frames.append((t, f, s, bytes(p)))
-                if self.answer_pings and t == http2.PING and not f & http2.ACK:
-                    writer.write(http2.frame(http2.PING, http2.ACK, 0, bytes(p)))
+                if self.answer_pings and t == h2frames.PING and not f & h2frames.ACK:
+                    writer.write(h2frames.frame(h2frames.PING, h2frames.ACK, 0, bytes(p)))
 
 
 def _settings() -> bytes:
-    return http2.frame(http2.SETTINGS, 0, 0)
+    return h2frames.frame(h2frames.SETTINGS, 0, 0)
 
 
 def _goaway(last: int, code: int, debug: bytes) -> bytes:
-    return http2.frame(http2.GOAWAY, 0, 0, struct.pack(">II", last, code) + debug)
+    return h2frames.frame(h2frames.GOAWAY, 0, 0, struct.pack(">II", last, code) + debug)
 
 
 def _headers(headers: list[tuple[str, str]], flags: int = 0) -> bytes:
-    return http2.frame(http2.HEADERS, http2.END_HEADERS | flags, 1, hpack.Encoder().encode(headers))
+    return h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS | flags, 1, hpack.Encoder().encode(headers))
 
 
 def _scripted(answer: bytes):
     """A server script: read up to the request's headers, write `answer`, then read to the end."""
     async def script(reader, writer, raw: RawServer) -> None:
-        await raw.read_frames(reader, writer, until=lambda frames: any(f[0] == http2.HEADERS for f in frames))
+        await raw.read_frames(reader, writer, until=lambda frames: any(f[0] == h2frames.HEADERS for f in frames))
         writer.write(answer)
         await raw.read_frames(reader, writer)
     return script
@@ -304,35 +288,36 @@ def _speaking(reader, writer, raw: RawServer):
      "the server closed the connection (GOAWAY, HTTP/2 error 0: going)"),
     (_settings() + _goaway(1, 2, b"oops"), grpc.StatusCode.UNAVAILABLE,
      "the server closed the connection (GOAWAY, HTTP/2 error 2: oops)"),
-    (_settings() + http2.frame(http2.RST_STREAM, 0, 1, struct.pack(">I", 7)), grpc.StatusCode.UNAVAILABLE,
+    (_settings() + h2frames.frame(h2frames.RST_STREAM, 0, 1, struct.pack(">I", 7)), grpc.StatusCode.UNAVAILABLE,
      "the server reset the stream (HTTP/2 error 7)"),
-    (_settings() + http2.frame(http2.RST_STREAM, 0, 1, struct.pack(">I", 0xB)), grpc.StatusCode.RESOURCE_EXHAUSTED,
+    (_settings() + h2frames.frame(h2frames.RST_STREAM, 0, 1, struct.pack(">I", 0xB)),
+     grpc.StatusCode.RESOURCE_EXHAUSTED,
      "the server reset the stream (HTTP/2 error 11)"),
     (_settings() + _headers([(":status", "200"), ("content-type", "application/grpc")])
-     + http2.frame(http2.DATA, http2.END_STREAM, 1, b"\x00\x00\x00\x00\x02ok"), grpc.StatusCode.INTERNAL,
+     + h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 1, b"\x00\x00\x00\x00\x02ok"), grpc.StatusCode.INTERNAL,
      "the server ended the stream without a status"),
-    (_settings() + _headers([(":status", "503")], http2.END_STREAM), grpc.StatusCode.UNKNOWN, "HTTP status 503"),
+    (_settings() + _headers([(":status", "503")], h2frames.END_STREAM), grpc.StatusCode.UNKNOWN, "HTTP status 503"),
 ], ids=["goaway-not-taken", "goaway-error", "refused", "enhance-your-calm", "no-trailers", "http-503"])
-async def test_what_the_server_does_to_the_stream_ends_it_naming_it(client_engine, answer, code, details):
+async def test_what_the_server_does_to_the_stream_ends_it_naming_it(answer, code, details):
     raw = RawServer(_scripted(answer))
     client = Client()
-    client.open(client_engine, await raw.start()).write(b"hello")
+    client.open(await raw.start()).write(b"hello")
     try:
         assert await client.end() == (code, details)
     finally:
         raw.server.close()
 
 
-async def test_a_graceful_goaway_lets_the_stream_finish(client_engine):
+async def test_a_graceful_goaway_lets_the_stream_finish():
     """A GOAWAY without an error that took the stream (a server shutting down) ends nothing: the
     answers and the status still come."""
     answer = (_settings() + _goaway(1, 0, b"stopping")
               + _headers([(":status", "200"), ("content-type", "application/grpc")])
-              + http2.frame(http2.DATA, 0, 1, b"\x00\x00\x00\x00\x02ok")
-              + _headers([("grpc-status", "0")], http2.END_STREAM))
+              + h2frames.frame(h2frames.DATA, 0, 1, b"\x00\x00\x00\x00\x02ok")
+              + _headers([("grpc-status", "0")], h2frames.END_STREAM))
     raw = RawServer(_scripted(answer))
     client = Client()
-    client.open(client_engine, await raw.start()).write(b"hello")
+    client.open(await raw.start()).write(b"hello")
     try:
         assert await client.end() == (grpc.StatusCode.OK, "")
         assert client.answers == [b"ok"]
@@ -340,10 +325,10 @@ async def test_a_graceful_goaway_lets_the_stream_finish(client_engine):
         raw.server.close()
 
 
-async def test_a_server_that_does_not_speak_http2_ends_the_stream_internal(client_engine):
+async def test_a_server_that_does_not_speak_http2_ends_the_stream_internal():
     raw = RawServer(_scripted(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
     client = Client()
-    client.open(client_engine, await raw.start()).write(b"hello")
+    client.open(await raw.start()).write(b"hello")
     try:
         code, details = await client.end()
     finally:
@@ -351,50 +336,50 @@ async def test_a_server_that_does_not_speak_http2_ends_the_stream_internal(clien
     assert code is grpc.StatusCode.INTERNAL and details.startswith("HTTP/2 protocol error from the server: "), details
 
 
-async def test_a_connection_closed_at_once_says_the_server_never_spoke_http2(client_engine):
+async def test_a_connection_closed_at_once_says_the_server_never_spoke_http2():
     """As a TLS port does to a plaintext client: the end names it, for BookieClient's hint."""
     async def close_at_once(reader, writer, raw) -> None:
         pass
     raw = RawServer(close_at_once)
     client = Client()
-    client.open(client_engine, await raw.start()).write(b"hello")
+    client.open(await raw.start()).write(b"hello")
     try:
         code, details = await client.end()
     finally:
         raw.server.close()
-    assert code is grpc.StatusCode.UNAVAILABLE and details.startswith(http2.CLOSED_AT_ONCE), details
+    assert code is grpc.StatusCode.UNAVAILABLE and details.startswith(CLOSED_AT_ONCE), details
 
 
-async def test_a_refused_connection_ends_unavailable_naming_the_address(client_engine):
+async def test_a_refused_connection_ends_unavailable_naming_the_address():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
     client = Client()
-    client.open(client_engine, address).write(b"hello")
+    client.open(address).write(b"hello")
     code, details = await client.end()
     assert code is grpc.StatusCode.UNAVAILABLE and details.startswith(f"cannot connect to {address}: "), details
 
 
 def _pings(raw: RawServer) -> list[bytes]:
-    return [p for t, f, _, p in raw.frames if t == http2.PING and not f & http2.ACK]
+    return [p for t, f, _, p in raw.frames if t == h2frames.PING and not f & h2frames.ACK]
 
 
-async def test_a_silent_server_ends_the_stream_once_the_keepalive_ping_goes_unanswered(client_engine):
+async def test_a_silent_server_ends_the_stream_once_the_keepalive_ping_goes_unanswered():
     raw = RawServer(_speaking)
     client = Client()
-    client.open(client_engine, await raw.start(), awaiting=lambda: True, keepalive=0.2,
+    client.open(await raw.start(), awaiting=lambda: True, keepalive=0.2,
                 keepalive_timeout=0.3).write(b"hello")
     try:
         assert await client.end() == (grpc.StatusCode.UNAVAILABLE, "no answer to a keepalive PING within 0.3s")
     finally:
         raw.server.close()
-    assert _pings(raw) == [http2.PING_DATA]
+    assert _pings(raw) == [PING_DATA]
 
 
-async def test_a_server_that_answers_the_keepalive_ping_keeps_the_stream(client_engine):
+async def test_a_server_that_answers_the_keepalive_ping_keeps_the_stream():
     raw = RawServer(_speaking, answer_pings=True)
     client = Client()
-    stream = client.open(client_engine, await raw.start(), awaiting=lambda: True, keepalive=0.1,
+    stream = client.open(await raw.start(), awaiting=lambda: True, keepalive=0.1,
                          keepalive_timeout=0.2)
     stream.write(b"hello")
     try:
@@ -406,44 +391,19 @@ async def test_a_server_that_answers_the_keepalive_ping_keeps_the_stream(client_
         raw.server.close()
 
 
-async def test_cancel_resets_the_stream_and_calls_nothing(client_engine):
+async def test_cancel_resets_the_stream_and_calls_nothing():
     raw = RawServer(_speaking)
     client = Client()
-    stream = client.open(client_engine, await raw.start())
+    stream = client.open(await raw.start())
     stream.write(b"hello")
     try:
-        await eventually(lambda: any(t == http2.DATA for t, *_ in raw.frames), timeout=10, interval=0.01,
+        await eventually(lambda: any(t == h2frames.DATA for t, *_ in raw.frames), timeout=10, interval=0.01,
                          what="the message")
         stream.cancel()
-        await eventually(lambda: any(t == http2.RST_STREAM for t, *_ in raw.frames), timeout=10, interval=0.01,
+        await eventually(lambda: any(t == h2frames.RST_STREAM for t, *_ in raw.frames), timeout=10, interval=0.01,
                          what="the RST_STREAM")
     finally:
         raw.server.close()
-    rst = next(p for t, _, s, p in raw.frames if t == http2.RST_STREAM)
+    rst = next(p for t, _, s, p in raw.frames if t == h2frames.RST_STREAM)
     assert struct.unpack(">I", rst)[0] == 0x8 and client.ends == []
 
-
-# ---- the switch ----------------------------------------------------------------------------------
-
-def test_the_client_engine_follows_its_variable_then_the_server_s(monkeypatch):
-    monkeypatch.delenv(CLIENT_ENGINE_VARIABLE, raising=False)
-    monkeypatch.delenv(ENGINE_VARIABLE, raising=False)
-    assert http2_engine(client=True) == http2_engine() == "own"
-    monkeypatch.setenv(ENGINE_VARIABLE, "ngh2")
-    assert http2_engine(client=True) == http2_engine() == "ngh2"
-    monkeypatch.setenv(CLIENT_ENGINE_VARIABLE, "own")
-    assert (http2_engine(client=True), http2_engine()) == ("own", "ngh2")
-    assert http2_engine("ngh2", client=True) == "ngh2"
-    monkeypatch.setenv(CLIENT_ENGINE_VARIABLE, "nghttp3")
-    with pytest.raises(ValueError,
-                       match=f"^HTTP/2 engine 'nghttp3' \\({CLIENT_ENGINE_VARIABLE}\\) is not one of own, ngh2"):
-        http2.stream_class()
-
-
-def test_the_ngh2_engine_without_its_package_says_which_to_install(monkeypatch):
-    monkeypatch.delenv(CLIENT_ENGINE_VARIABLE, raising=False)
-    monkeypatch.setenv(ENGINE_VARIABLE, "ngh2")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError,
-                       match=f"^HTTP/2 engine 'ngh2' \\({ENGINE_VARIABLE}\\) needs the ngh2 package: pip install"):
-        http2.stream_class()
