@@ -380,8 +380,6 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
-    "PYBK_HTTP2_ENGINE": "the bookie's gRPC server: its HTTP/2 engine, `ngh2` (libnghttp2, the default) or `own` "
-                         "(pybk.proto.h2server, hand-written, kept to compare against while it is measured)",
 }
 
 
