@@ -4,7 +4,7 @@ Run as its own process, so that the attacker's CPU is not the legitimate writer'
 `python tests/hostile.py ATTACK HOST:PORT [--ledger N] [--seconds S]` prints one JSON line (what
 the attack achieved: streams opened, bytes sent, the GOAWAY code it got) and exits. Every loop is
 bounded in count and in time; the targets are loopback addresses only. The clients are raw frames
-(pybk.proto.http2's frame writer) or the `h2` library, which keeps to flow control as a careful
+(tests/h2frames.py) or the `h2` library, which keeps to flow control as a careful
 attacker does."""
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import h2.connection
 import h2.events
 import hpack
 
-from pybk.proto import http2, pb
+import h2frames as http2
+from pybk.proto import pb
+from pybk.transport.ngh2_client import split_address
 
 ADD = "/pybk.Bookie/Add"
 READ = "/pybk.Bookie/Read"
@@ -51,7 +53,7 @@ class Raw:
 
     @classmethod
     async def connect(cls, address: str, settings: bytes = b"") -> "Raw":
-        raw = cls(*await asyncio.open_connection(*http2.split_address(address)))
+        raw = cls(*await asyncio.open_connection(*split_address(address)))
         raw.writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0, settings))
         return raw
 
@@ -95,7 +97,7 @@ async def half_sent_messages(address: str, streams: int = 300, seconds: float = 
     """Streams that each announce a message of `size` bytes (just under the bookie's limit) and
     send all of it but its last KiB, keeping to flow control, for as long as they get credit."""
     size = 8 * 1024 * 1024
-    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    reader, writer = await asyncio.open_connection(*split_address(address))
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     ids = [1 + 2 * i for i in range(streams)]
@@ -217,7 +219,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--window", type=int, default=0)
     args = parser.parse_args()
-    host = http2.split_address(args.address)[0]
+    host = split_address(args.address)[0]
     if not (host.startswith("127.") or host in ("localhost", "::1")):
         sys.exit(f"{args.address}: attacks run against loopback addresses only")
     kwargs = {"ledger": args.ledger, "seconds": args.seconds}
