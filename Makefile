@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 # pybk processes, and compiling pybk afresh for each cost about a quarter of a second of CPU.
 unexport PYTHONDONTWRITEBYTECODE
 
-# Tests run in a fixed order; SEED=N shuffles them with pytest-randomly's seed N (an isolation check).
-ORDER := $(if $(SEED),-p randomly --randomly-seed=$(SEED),-p no:randomly)
+# a shuffled order every run (pytest-randomly prints its seed: SEED=N runs that order again)
+ORDER := -p randomly $(if $(SEED),--randomly-seed=$(SEED))
 
 test: venv  # every test, on two workers (real etcd, bookies, Spark, the operator process), then the 25 slowest
 	$(PY) -m pytest -q -p no:cacheprovider $(ORDER) -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)

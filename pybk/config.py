@@ -7,7 +7,8 @@ and listed in each (`COMMON` is in every process: an option added there reaches 
 
 From the declarations come the argparse flags (`add_options`), the merge of flag > environment >
 YAML file (`--config`) > default with validation (`resolve`, which also refuses any `PYBK_*`
-variable the process does not know, naming it) and the option reference `docs/options.md`
+variable no pybk process knows, naming it, and leaves another process's setting alone) and the
+option reference `docs/options.md`
 (`reference`; regenerate it with `python -m pybk.config`).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import os
 import re
 import sys
@@ -30,6 +32,7 @@ from pybk.logformat import LogFormat, parse_log_format
 from pybk.recovery.options import RecoveryOptions
 
 ENV_PREFIX = "PYBK_"
+log = logging.getLogger("pybk.config")
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
@@ -377,8 +380,6 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
-    "PYBK_HTTP2_ENGINE": "the bookie's gRPC server: its HTTP/2 engine, `ngh2` (libnghttp2, the default) or `own` "
-                         "(pybk.proto.h2server, hand-written, kept to compare against while it is measured)",
 }
 
 
@@ -441,30 +442,45 @@ def load(args: argparse.Namespace, process: Process) -> dict[str, Any] | None:
         return None
     level = "DEBUG" if cfg.get("verbose") else cfg[LOG_LEVEL.name]
     logformat.configure(level, cfg[LOG_FORMAT.name])
+    for variable, owners in others_settings(process, os.environ).items():
+        log.debug("%s left alone: a setting of %s, not of %s", variable, ", ".join(owners), process.title)
     return cfg
 
 
 def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:
     """The process's settings found in `PYBK_*` variables, converted; ConfigError naming the first
-    variable that is unknown to the process or malformed."""
+    variable that no pybk process takes (a typo) or that is malformed. A setting of another pybk
+    process is left to that one: `pybk local` hands one environment to all its children."""
     by_variable = {o.variable: o for o in process.options}
+    others = others_settings(process, environ)
     out: dict[str, Any] = {}
     for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX)):
         opt = by_variable.get(variable)
         if opt is None:
-            if variable not in ELSEWHERE:
+            if variable not in ELSEWHERE and variable not in others:
                 raise ConfigError(_unknown_variable(variable, process))
             continue
         out[opt.name] = opt.value_in(environ)
     return out
 
 
+def others_settings(process: Process, environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """The `PYBK_*` variables in environ that are settings of other pybk processes only, with the
+    processes that take each."""
+    mine = {o.variable for o in process.options}
+    out: dict[str, list[str]] = {}
+    for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in mine):
+        owners = [p.title for p in PROCESSES if variable in {o.variable for o in p.options}]
+        if owners:
+            out[variable] = owners
+    return out
+
+
 def _unknown_variable(variable: str, process: Process) -> str:
-    owners = [p.title for p in PROCESSES if variable in {o.variable for o in p.options}]
-    where = f"a setting of {', '.join(owners)}" if owners else "no pybk process takes it"
-    close = difflib.get_close_matches(variable, [o.variable for o in process.options], n=1)
+    every = sorted({o.variable for p in PROCESSES for o in p.options} | set(ELSEWHERE))
+    close = difflib.get_close_matches(variable, every, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
-    return f"{variable}: not a setting of {process.title} ({where}){hint}\nsee {process.title} --help"
+    return f"{variable}: no pybk process takes this setting{hint}\nsee {process.title} --help"
 
 
 def _convert(opt: Option, value: Any, source: str) -> Any:
@@ -523,8 +539,10 @@ def reference() -> str:
         "`--config` (the key is the option name; dashes may replace underscores). A flag overrides "
         "the environment, which overrides the file, which overrides the default. A repeatable option "
         "takes its flag several times, a comma-separated variable or a YAML list; a boolean flag alone "
-        "means true. A process refuses to start, naming the variable, when a `PYBK_*` variable is not "
-        "one of its settings (or listed at the end) or its value is malformed. Sizes take units: "
+        "means true. A process refuses to start, naming the variable, when a `PYBK_*` variable is no "
+        "setting of any pybk process (a typo: the nearest name is suggested) or its own setting's value "
+        "is malformed; a setting of another pybk process is left to that process (`pybk local` hands one "
+        "environment to all its children). Sizes take units: "
         "4096, 64KiB, 16MiB, 1GB.",
     ]
     for owners, options in groups.items():

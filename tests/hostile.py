@@ -5,7 +5,7 @@ Run as its own process, so that the attacker's CPU is not the legitimate writer'
 (what the attack achieved: streams opened, bytes sent, the GOAWAY code it got) and exits. Every
 loop is bounded in count and in time; the targets are loopback addresses only. With --tls the
 attacker speaks TLS and presents no client certificate and no token, as anyone who can reach a
-secured port may. The clients are raw frames (this module's own frame writer) or the `h2`
+secured port may. The clients are raw frames (tests/h2frames.py) or the `h2`
 library, which keeps to flow control as a careful attacker does."""
 from __future__ import annotations
 
@@ -25,29 +25,14 @@ import h2.connection
 import h2.events
 import hpack
 
+from h2frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM,
+                      SETTING, SETTINGS, SETTINGS_INITIAL_WINDOW_SIZE, U32, WINDOW_UPDATE, frame)
+from h2frames import HEADER as FRAME
 from pybk import entry
 from pybk.proto import pb
+from pybk.transport.ngh2_client import split_address
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x0, 0x1, 0x3, 0x4, 0x7, 0x8, 0x9
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 CANCEL = 0x8
-FRAME = struct.Struct(">BHBBI")   # length (24 bits as 8 + 16), type, flags, stream id
-SETTING = struct.Struct(">HI")
-U32 = struct.Struct(">I")
-
-
-def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    """One HTTP/2 frame: its 9-byte header and payload."""
-    n = len(payload)
-    return FRAME.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """(host, port) of host:port or [v6]:port."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def tls_context() -> ssl.SSLContext:

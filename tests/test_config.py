@@ -14,7 +14,7 @@ import pytest
 
 from pybk import config
 from pybk.config import (AUTORECOVERY, BOOKIE, COMMON, ELSEWHERE, OPERATOR, PROCESSES, ConfigError, Number,
-                         parse_bool, parse_log_level, resolve)
+                         others_settings, parse_bool, parse_log_level, resolve)
 from pybk.recovery.options import from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,11 +80,20 @@ def test_malformed_variable_is_rejected_even_when_a_flag_overrides_it():
         resolve(parse(OPERATOR, ["--log-level", "INFO"]), OPERATOR, {"PYBK_LOG_LEVEL": "loud"})
 
 
-def test_another_process_variable_is_rejected_with_the_one_meant():
+def test_another_process_setting_is_left_to_that_process():
+    """`pybk local` hands one environment to all its children: a bookie's setting must not stop
+    autorecovery, nor reach it."""
+    cfg = resolve(parse(AUTORECOVERY, ["--metadata-uri", "etcd://127.0.0.1:2379/pybk"]), AUTORECOVERY,
+                  {"PYBK_HTTP_PORT": "8000", "PYBK_REGISTRATION_TTL": "3"})
+    assert cfg["http_port"] != 8000
+    assert others_settings(AUTORECOVERY, {"PYBK_HTTP_PORT": "8000"}) == {"PYBK_HTTP_PORT": ["pybk bookie"]}
+
+
+def test_a_variable_no_process_takes_is_refused_with_the_one_meant():
     with pytest.raises(ConfigError) as err:
-        resolve(parse(AUTORECOVERY, []), AUTORECOVERY, {"PYBK_HTTP_PORT": "8000"})
-    assert str(err.value).startswith("PYBK_HTTP_PORT: not a setting of pybk autorecovery")
-    assert "pybk bookie" in str(err.value) and "PYBK_RECOVERY_HTTP_PORT" in str(err.value)
+        resolve(parse(AUTORECOVERY, []), AUTORECOVERY, {"PYBK_REGISTRATON_TTL": "3"})
+    assert str(err.value).startswith("PYBK_REGISTRATON_TTL: no pybk process takes this setting")
+    assert "did you mean PYBK_REGISTRATION_TTL?" in str(err.value)
 
 
 @pytest.mark.parametrize("process", PROCESSES, ids=COMMANDS)

@@ -38,7 +38,7 @@ class Client(enum.StrEnum):
     AIO_GATHER = "aio-gather"
     AIO_ITERATOR = "aio-iterator"
     AIO_UNARY = "aio-unary"
-    H2 = "h2"
+    NGH2 = "ngh2"
     SYNC = "sync"
     SYNC_UNARY = "sync-unary"
 
@@ -47,7 +47,6 @@ class Server(enum.StrEnum):
     """How a server serves its stream (described in _SERVERS)."""
     AIO = "aio"
     AIO_CONTEXT = "aio-context"
-    H2 = "h2"
     NGH2 = "ngh2"
     SYNC = "sync"
 
@@ -70,18 +69,16 @@ _CLIENTS = {"aio": "grpc.aio, the three writes awaited one after another (the ba
             "aio-iterator": "grpc.aio, each stream fed by an async generator reading an asyncio.Queue "
                             "(pybk's BookieClient sends so)",
             "aio-unary": "grpc.aio, one unary call per message and server, answers counted in done callbacks",
-            "h2": "pybk's own HTTP/2 stream (pybk.proto.http2, as BookieClient's Add stream): frames written "
-                  "and answers read on the event loop, no grpc.aio",
+            "ngh2": "pybk's own gRPC stream on libnghttp2 (pybk.transport.ngh2_client, BookieClient's Add "
+                    "stream): messages written and answers read on the event loop, no grpc.aio",
             "sync": "grpc's synchronous API: a request queue and a reader thread per stream",
             "sync-unary": "grpc's synchronous API, one unary call (future) per message and server, answers "
                           "counted in done callbacks on gRPC's channel thread"}
 _SERVERS = {"aio": "grpc.aio server, an async generator per stream",
             "aio-context": "grpc.aio server reading and writing with context.read and context.write "
                            "(pybk's bookie writes its answers so)",
-            "h2": "pybk's own HTTP/2 server (pybk.proto.h2server): frames read and answers written on the event "
-                  "loop, no grpc.aio",
-            "ngh2": "the same server connections with libnghttp2 as HTTP/2 engine (pybk.transport.ngh2_server, "
-                    "the ngh2 package)",
+            "ngh2": "pybk's gRPC server connections on libnghttp2 (pybk.transport.ngh2_server, the bookie's): "
+                    "messages read and answers written on the event loop, no grpc.aio",
             "sync": "grpc.server with a thread pool: a thread per stream iterating its requests"}
 _FSYNCS = {"fdatasync": "os.write then os.fdatasync (pybk's journal)",
            "dsync": "one os.write to a file opened with O_DSYNC", "none": "os.write only"}
@@ -179,10 +176,8 @@ async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, v
     await server.wait_for_termination()
 
 
-async def _serve_h2(port: int, write: Callable[[bytes], None], engine: str = "own") -> None:
-    from pybk.proto.grpc_server import connection_class
-    from pybk.proto.h2server import Call
-    connection = connection_class(engine)
+async def _serve_ngh2(port: int, write: Callable[[bytes], None]) -> None:
+    from pybk.transport.ngh2_server import Call, GrpcServerConnection
 
     class Append:
         def __init__(self, call: Call):
@@ -202,7 +197,7 @@ async def _serve_h2(port: int, write: Callable[[bytes], None], engine: str = "ow
         return Append(call) if call.path == _METHOD else None
 
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: connection(route, 64 * 1024 * 1024), "127.0.0.1", port)
+    server = await loop.create_server(lambda: GrpcServerConnection(route, 64 * 1024 * 1024), "127.0.0.1", port)
     await server.serve_forever()
 
 
@@ -244,7 +239,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
                        options: list) -> tuple[list[float], float]:
     import grpc
 
-    from pybk.proto.http2 import GrpcStream
+    from pybk.transport.ngh2_client import ClientStream
 
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
     for ch in channels:
@@ -257,16 +252,16 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
 
     if mode is Client.AIO_ITERATOR:
         calls = [ch.stream_stream(_METHOD)(requests(box)) for ch, box in zip(channels, outboxes)]
-    elif mode is Client.H2:
+    elif mode is Client.NGH2:
         calls = []
-        streams = [GrpcStream.open(f"127.0.0.1:{p}", _METHOD, on_headers=lambda _: None,
-                                   on_message=lambda answer: answered(int.from_bytes(answer, "big")),
-                                   on_end=lambda code, details: None) for p in ports]
+        streams = [ClientStream.open(f"127.0.0.1:{p}", _METHOD, on_headers=lambda _: None,
+                                     on_message=lambda answer: answered(int.from_bytes(answer, "big")),
+                                     on_end=lambda code, details: None) for p in ports]
     else:
         calls = [ch.stream_stream(_METHOD)() for ch in channels]
     unaries = [ch.unary_unary(_METHOD_ONE) for ch in channels]
     loop = asyncio.get_running_loop()
-    acks = _Acks(quorum, len(calls))
+    acks = _Acks(quorum, len(ports))  # every mode sends each message to every server
     waiting: dict[int, asyncio.Future] = {}
 
     def answered(seq: int) -> None:
@@ -291,7 +286,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         elif mode is Client.AIO_ITERATOR:
             for box in outboxes:
                 box.put_nowait(message)
-        elif mode is Client.H2:
+        elif mode is Client.NGH2:
             for stream in streams:
                 stream.write(message)
         elif mode is Client.AIO_GATHER:
@@ -302,7 +297,7 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         await done
         latencies.append(time.perf_counter() - t0)
     client_cpu = time.process_time() - cpu0
-    if mode is Client.H2:
+    if mode is Client.NGH2:
         for stream in streams:
             stream.cancel()
     for call, box in zip(calls, outboxes):
@@ -398,8 +393,8 @@ def run(args: argparse.Namespace) -> int:
         write = _writer(args.serve[1], fsync)
         if args.server is Server.SYNC:
             _serve_sync(int(args.serve[0]), write, options)
-        elif args.server in (Server.H2, Server.NGH2):
-            _run_loop(args.loop, _serve_h2(int(args.serve[0]), write, "ngh2" if args.server is Server.NGH2 else "own"))
+        elif args.server is Server.NGH2:
+            _run_loop(args.loop, _serve_ngh2(int(args.serve[0]), write))
         else:
             _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server is Server.AIO_CONTEXT))
         return 0

@@ -16,8 +16,8 @@ import numpy as np
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.http2 import CLOSED_AT_ONCE, GrpcStream
 from pybk.security.settings import ClientSecurity
+from pybk.transport.ngh2_client import CLOSED_AT_ONCE, ClientStream
 
 MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
 DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
@@ -540,8 +540,8 @@ def _encode(runs: list[_Run], packed: bool) -> bytes:
 
 
 class _AddStream:
-    """One Add bidi stream on its own HTTP/2 connection (proto.http2: no grpc.aio on the hot
-    path): batches (lists of runs) are encoded and written as they come, packed once the bookie
+    """One Add bidi stream on its own HTTP/2 connection (transport.ngh2_client.ClientStream: no grpc.aio
+    on the hot path): batches (lists of runs) are encoded and written as they come, packed once the bookie
     said it takes runs; each answer settles its batch's runs, straight from the read callback."""
 
     def __init__(self, client: BookieClient):
@@ -549,10 +549,10 @@ class _AddStream:
         self.inflight: dict[int, list[_Run]] = {}  # first run's request id -> the batch's runs
         self.broken = False
         self.packed = False  # until the bookie's initial metadata says it takes packed runs
-        self.rpc = GrpcStream.open(client.address, ADD_METHOD, metadata=client._metadata or (),
-                                   ssl=client._ssl_context(), server_hostname=client.security.tls_server_name,
-                                   on_message=self._answer, on_headers=self._announced, on_end=self._ended,
-                                   awaiting=lambda: bool(self.inflight))
+        self.rpc = ClientStream.open(client.address, ADD_METHOD, metadata=client._metadata or (),
+                                     ssl=client._ssl_context(), server_hostname=client.security.tls_server_name,
+                                     on_message=self._answer, on_headers=self._announced, on_end=self._ended,
+                                     awaiting=lambda: bool(self.inflight))
 
     def _announced(self, headers: list) -> None:
         """The bookie's initial metadata: a bookie from before packed runs does not name them

@@ -20,12 +20,12 @@ import pybk
 from pybk import config, eventloop, logformat
 from pybk.eventloop import EventLoopError
 from pybk.meta import BookieInfo
-from pybk.proto.grpc_server import ConnectionLimits
 from pybk.recovery.options import from_config as recovery_options
 from pybk.security.auth import AuthFileError
 from pybk.security.roles import Principal, Role
 from pybk.security.server import SecurityConfigError, ServerSecurity
 from pybk.security.tls import CertificateError
+from pybk.transport.grpc_server import ConnectionLimits
 
 from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
 from .client import BookieClient, BookieError

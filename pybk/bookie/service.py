@@ -19,9 +19,9 @@ from prometheus_client import Counter
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
+from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 
 from .bookie import AddRun, Bookie, BookieStorageError, runs_of
 from .client import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM

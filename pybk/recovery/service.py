@@ -153,7 +153,8 @@ class AutoRecovery:
     async def status(self) -> dict:
         """What /api/v1/autorecovery/status shows."""
         count = await self.store.underreplication.count()
-        out = {"id": self.name, "is_auditor": self.is_auditor, "under_replicated": count,
+        out = {"id": self.name, "is_auditor": self.is_auditor, "replicates": self.worker is not None,
+               "under_replicated": count,
                "worker_busy": sorted(self.worker.busy) if self.worker else [],
                "worker_errors": {str(k): v for k, v in sorted(self.worker.errors.items())} if self.worker else {},
                "lost_bookies": sorted(self.auditor.lost),

@@ -230,7 +230,8 @@ async def simpletest(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
         raise ShellError("--entries must be >= 1 and --size >= 0")
     bk = await sh.bk()
     generated = args.password is None  # the test ledger gets a password of its own, as any ledger should
-    password = secrets.token_urlsafe(24).encode() if generated else args.password
+    # hex: a password shown to be pasted after --password must never start with "-"
+    password = secrets.token_hex(24).encode() if generated else args.password
     payloads = [_sample_payload(i, args.size) for i in range(args.entries)]
     started = time.perf_counter()
     lh = await bk.create_ledger(ensemble=args.ensemble, write_quorum=args.write_quorum,

@@ -1,5 +1,6 @@
-"""gRPC calls served over HTTP/2 whose protocol engine is libnghttp2 (through `ngh2`): a drop-in
-for pybk.proto.h2server.GrpcServerConnection, with the same Call and Handler interface.
+"""gRPC calls served over HTTP/2 whose protocol engine is libnghttp2 (through `ngh2`): the
+connection (`GrpcServerConnection`), its calls (`Call`) and what their messages reach (`Handler`),
+under pybk's gRPC server (grpc_server.py).
 
 Why: framing, HPACK, flow control and the protocol's own flood defences (CONTINUATION floods,
 SETTINGS with too many entries, unread PING/SETTINGS acknowledgements, empty DATA and other
@@ -32,10 +33,11 @@ Budgets, per connection:
   bookie hold more than that.
 - What every connection holds is also charged to the process's `ProcessBudget` (budget.py).
 
-Failure modes as h2server's: a message above `max_message_bytes` ends its call RESOURCE_EXHAUSTED,
+Failure modes: a message above `max_message_bytes` ends its call RESOURCE_EXHAUSTED,
 a compressed one INTERNAL, an unknown method UNIMPLEMENTED; a client breaking HTTP/2 gets the
-GOAWAY libnghttp2 chooses (or, for a fatal one, a GOAWAY naming the error), and its connection
-closes. A reset stream or a lost connection reaches the handler's `closed()` once.
+GOAWAY libnghttp2 chooses (or, for a fatal one, a GOAWAY naming the error: libnghttp2 destroys
+its session then and writes none, so this one frame is packed here), and its connection closes.
+A reset stream or a lost connection reaches the handler's `closed()` once.
 """
 from __future__ import annotations
 
@@ -44,16 +46,13 @@ import logging
 import struct
 import time
 from collections import deque
-from typing import Callable
-from urllib.parse import quote
+from typing import Callable, Protocol
 
 import grpc
 import ngh2
 
-from pybk.proto.h2server import Handler
-from pybk.proto.http2 import GOAWAY, MessageBuffer, MessageError, frame
-
 from .budget import ProcessBudget
+from .grpc_message import MessageBuffer, MessageError, message_parts, status_trailers
 
 log = logging.getLogger("pybk.transport.ngh2_server")
 
@@ -77,12 +76,12 @@ LINGER = 1.0                           # seconds a failed connection is drained 
 
 _NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _CANCEL, _ENHANCE_YOUR_CALM = 0x0, 0x1, 0x2, 0x8, 0xB
 _OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-_QUOTE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
-_PREFIX = struct.Struct(">BI")   # a gRPC message's prefix: compressed flag, length
+# a GOAWAY frame's header and fixed fields (length, type 0x7, flags, stream 0, last stream, code),
+# for the one case the engine cannot write it: after a fatal error destroyed its session
+_GOAWAY = struct.Struct(">I5xII")
 # what one data_to_send returns at most: each call builds its output in a fresh buffer, and one of a
 # 1 MiB answer (above malloc's mmap threshold) cost 1.9 ms of page faults against 0.26 ms in pieces
 _CHUNK = 64 * 1024
-_SMALL = 4096   # answers up to this size are joined to their 5-byte prefix; bigger ones are not copied
 _CONFIG = ngh2.Configuration(
     auto_window_update=False,                 # credit follows consumption (acknowledge_received_data)
     max_inbound_header_list_size=MAX_HEADER_LIST,
@@ -107,6 +106,22 @@ class _Bucket:
             return False
         self.tokens -= 1
         return True
+
+
+class Handler(Protocol):
+    """What a call's messages reach. Calls run on the loop and must not raise. A handler with a
+    true `holds_messages` says itself when it consumed a message (`Call.consumed`); for others a
+    message is consumed once `message()` returns."""
+
+    def message(self, data: bytes | memoryview) -> None:
+        """One request message, whole: bytes, or a memoryview of a buffer of its own when it
+        spanned frames (nothing writes to it again)."""
+
+    def end_of_input(self) -> None:
+        """The client half-closed: no more messages."""
+
+    def closed(self) -> None:
+        """The call is over without trailers from this side (reset by the client, connection lost)."""
 
 
 class Call:
@@ -182,10 +197,7 @@ class Call:
         if self.finished:
             return
         self.finished = True
-        block = [(b"grpc-status", str(code.value[0]).encode())]
-        if details:
-            block.append((b"grpc-message", quote(details, safe=_QUOTE_SAFE).encode()))
-        self._conn.send_trailers(self, block)
+        self._conn.send_trailers(self, status_trailers(code, details))
 
 
 class GrpcServerConnection(asyncio.Protocol):
@@ -323,7 +335,8 @@ class GrpcServerConnection(asyncio.Protocol):
             except ngh2.NGH2Error:
                 h2 = None
         if h2 is None:  # the engine gave up on the connection: the GOAWAY is written here
-            out = frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, code) + why.encode())
+            debug = why.encode()
+            out = _GOAWAY.pack((8 + len(debug)) << 8 | 0x7, self._last_stream, code) + debug
         transport.write(out)
         transport.resume_reading()
         self._end_transport()
@@ -559,13 +572,9 @@ class GrpcServerConnection(asyncio.Protocol):
         h2 = self._h2
         if h2 is None or self._closing:
             return
-        n = len(message)
         try:
-            if n <= _SMALL:
-                h2.send_data(call.stream, _PREFIX.pack(0, n) + message)
-            else:
-                h2.send_data(call.stream, _PREFIX.pack(0, n))
-                h2.send_data(call.stream, message)
+            for part in message_parts(message):
+                h2.send_data(call.stream, part)
         except ngh2.StreamProtocolError:
             return
         self._written()

@@ -20,7 +20,9 @@ import pytest
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError
 from pybk.local.bookie import BookieProcess
-from pybk.proto import http2, pb, rpc
+from pybk.proto import pb, rpc
+from pybk.transport.ngh2_client import split_address
+import h2frames
 from polling import eventually
 
 KEY = entry.master_key(b"limits")
@@ -50,7 +52,7 @@ async def open_idle(address: str, count: int, source: str = "127.0.0.1", preface
     """`count` connections from `source` that send the HTTP/2 preface and SETTINGS (or nothing)
     and then stay silent; the caller closes them. One the bookie reset at once (refused) is
     closed here already."""
-    host, port = http2.split_address(address)
+    host, port = split_address(address)
     loop = asyncio.get_running_loop()
     socks = []
     for _ in range(count):
@@ -61,7 +63,7 @@ async def open_idle(address: str, count: int, source: str = "127.0.0.1", preface
         try:
             await loop.sock_connect(s, (host, port))
             if preface:
-                s.send(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+                s.send(h2frames.PREFACE + h2frames.frame(h2frames.SETTINGS, 0, 0))
         except (ConnectionResetError, BrokenPipeError):
             s.close()
     return socks
@@ -184,7 +186,7 @@ async def test_a_connection_that_never_speaks_http2_is_dropped_after_the_handsha
     b, = bookies(1, metadata_uri=None, handshake_timeout=1)
     silent = await open_idle(b.address, 3, preface=False)
     half = await open_idle(b.address, 1, preface=False)
-    half[0].send(http2.PREFACE[:10])  # a preface cut short
+    half[0].send(h2frames.PREFACE[:10])  # a preface cut short
     spoke = await open_idle(b.address, 1)
     try:
         await metric_at_least(b, 'pybk_bookie_connections_closed_total{reason="handshake_timeout"}', 4, timeout=15)
@@ -201,7 +203,7 @@ async def _goaway(reader: asyncio.StreamReader) -> tuple[int, int, str]:
         head = await asyncio.wait_for(reader.readexactly(9), 20)
         hi, lo, ftype, _, _ = struct.unpack(">BHBBI", head)
         payload = await reader.readexactly((hi << 16) | lo)
-        if ftype == http2.GOAWAY:
+        if ftype == h2frames.GOAWAY:
             last, code = struct.unpack_from(">II", payload)
             return last, code, payload[8:].decode()
 
@@ -212,8 +214,8 @@ async def test_an_idle_connection_is_closed_with_goaway_and_clients_reconnect_un
     pybk's Add stream is a call that stays open, so its connection is never idle and keeps
     serving."""
     b, = bookies(1, metadata_uri=None, idle_timeout=1)
-    reader, writer = await asyncio.open_connection(*http2.split_address(b.address))
-    writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+    reader, writer = await asyncio.open_connection(*split_address(b.address))
+    writer.write(h2frames.PREFACE + h2frames.frame(h2frames.SETTINGS, 0, 0))
     last, code, why = await _goaway(reader)
     assert (last, code) == (0, 0) and why == "idle: no call for 1s"
     assert await asyncio.wait_for(reader.read(), 10) == b""
@@ -242,7 +244,7 @@ async def test_a_silent_connection_is_pinged_and_dropped_and_an_answering_one_ke
         s, = await open_idle(b.address, 1)
         headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/pybk.Bookie/Add"),
                                           (":authority", "x"), ("content-type", "application/grpc")])
-        s.send(http2.frame(http2.HEADERS, http2.END_HEADERS, 1, headers))
+        s.send(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, 1, headers))
         try:
             poll = asyncio.ensure_future(client.wait_lac(6, 0, timeout=4))
             await metric_at_least(b, 'pybk_bookie_connections_closed_total{reason="keepalive"}', 1, timeout=15)
@@ -259,17 +261,18 @@ async def test_a_long_poll_whose_client_went_away_ends_without_an_error_in_the_b
     b, = bookies(1, metadata_uri=None)
     async with await BookieClient.connect(b.address, wait=30) as client:
         await client.add(8, 0, body(8, 0), master_key=KEY)
-        reader, writer = await asyncio.open_connection(*http2.split_address(b.address))
+        reader, writer = await asyncio.open_connection(*split_address(b.address))
         headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/pybk.Bookie/Read"),
                                           (":authority", "x"), ("content-type", "application/grpc")])
         poll = pb.ReadRequest(ledger_id=8, first_entry=-1, last_entry=-1, flags=pb.LONG_POLL, previous_lac=-1,
                               timeout_ms=30_000).SerializeToString()
-        writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
-                     + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, headers)
-                     + http2.frame(http2.DATA, http2.END_STREAM, 1, b"\x00" + struct.pack(">I", len(poll)) + poll))
+        writer.write(h2frames.PREFACE + h2frames.frame(h2frames.SETTINGS, 0, 0)
+                     + h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, 1, headers)
+                     + h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 1,
+                                      b"\x00" + struct.pack(">I", len(poll)) + poll))
         await writer.drain()
         await asyncio.sleep(0.5)  # the long-poll waits for a LAC above -1
-        writer.write(http2.frame(http2.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+        writer.write(h2frames.frame(h2frames.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
         await writer.drain()
         await asyncio.sleep(0.1)
         await client.add(8, 1, body(8, 1), master_key=KEY)  # LAC 0: wakes the long-poll while its connection ends

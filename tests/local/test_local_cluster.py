@@ -1,6 +1,7 @@
 """`pybk local up|down|status|apply` with real etcd and real bookie processes."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -148,6 +149,46 @@ def test_config_overrides_reach_the_bookie_command_line(tmp_path, child_processe
         cmdline = Path(f"/proc/{doc['bookies'][0]['pid']}/cmdline").read_bytes().split(b"\0")
         i = cmdline.index(b"--journal-group-wait")
         assert cmdline[i + 1] == b"0.003"
+
+
+def _lease_ttl(client_url: str, key: bytes) -> int:
+    """The TTL etcd granted the lease that `key` is bound to (etcd's JSON gateway)."""
+    import base64
+    import urllib.request
+
+    def call(path: str, body: dict) -> dict:
+        req = urllib.request.Request(client_url + path, json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+    found = call("/v3/kv/range", {"key": base64.b64encode(key).decode()})
+    return int(call("/v3/lease/timetolive", {"ID": found["kvs"][0]["lease"]})["grantedTTL"])
+
+
+async def _auditor(metadata_uri: str) -> str | None:
+    from pybk.meta import MetadataStore
+    store = await MetadataStore.connect(metadata_uri)
+    try:
+        return await store.election.leader()
+    finally:
+        await store.close()
+
+
+def test_each_process_takes_its_own_settings_from_the_one_environment(tmp_path, child_processes):
+    """`pybk local` hands one environment to every child: a bookie-only setting and an
+    autorecovery-only one each reach their process, and neither stops the other."""
+    env = {"PYBK_REGISTRATION_TTL": "3", "PYBK_RECOVERY_NO_WORKER": "true"}
+    with control.detached(manifest(tmp_path, replicas=1, ensemble=1, autorecovery=1), tmp_path / "d", env=env) as doc:
+        key = f"/pybk/bookies/writable/{doc['bookies'][0]['id']}".encode()
+        assert _lease_ttl(doc["etcd"]["client_url"], key) == 3
+        deadline = time.monotonic() + 30
+        while (leader := asyncio.run(_auditor(doc["metadata_service_uri"]))) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leader is not None, "no autorecovery process campaigned"
+        import urllib.request
+        with urllib.request.urlopen(f"http://{json.loads(leader)['http']}/api/v1/autorecovery/status", timeout=10) as resp:
+            status = json.loads(resp.read())
+        assert status["id"] == "autorecovery-0" and status["replicates"] is False
+        assert [r["restarts"] for r in doc["autorecovery"]] == [0]
 
 
 def test_up_with_an_invalid_manifest_fails_naming_the_field(tmp_path, child_processes):

@@ -192,7 +192,7 @@ def test_simpletest_gives_its_ledger_a_password_and_the_library_refuses_one_with
     kept = pybk("shell", "simpletest", "-n", "5", "--keep", "--data-dir", data_dir, "-o", "json")
     assert kept.returncode == 0, kept.stderr
     result = json.loads(kept.stdout)
-    assert len(result["password"]) >= 32
+    assert len(result["password"]) >= 32 and not result["password"].startswith("-"), "pasted after --password"
     read = pybk("shell", "readledger", result["ledger_id"], "--password", result["password"], "--data-dir", data_dir,
                 "-o", "json")
     assert read.returncode == 0 and len(json.loads(read.stdout)["entries"]) == 5, read.stderr

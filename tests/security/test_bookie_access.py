@@ -134,7 +134,7 @@ async def test_a_tls_connection_must_finish_its_handshake_and_preface_in_time(bo
     speaks is served."""
     import socket
     import ssl
-    from pybk.proto import http2
+    import h2frames
     from pybk.security.tls import client_ssl_context
     b, = bookies(1, metadata_uri=None, handshake_timeout=1, **pki.bookie_options())
     loop = asyncio.get_running_loop()
@@ -144,7 +144,7 @@ async def test_a_tls_connection_must_finish_its_handshake_and_preface_in_time(bo
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port, ssl=context, server_hostname="127.0.0.1")
     try:
         got = await asyncio.wait_for(reader.read(), 15)  # TLS up, no preface: dropped after the SETTINGS
-        assert reader.at_eof() and got[3] == http2.SETTINGS
+        assert reader.at_eof() and got[3] == h2frames.SETTINGS
         mute.settimeout(15)
         assert await loop.run_in_executor(None, mute.recv, 1) == b""  # never a ClientHello: dropped
         async with await BookieClient.connect(b.address, security=pki.client("reader")) as c:

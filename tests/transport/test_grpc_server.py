@@ -1,6 +1,6 @@
-"""pybk's gRPC server (pybk.proto.grpc_server) runs handlers written as for grpc.aio, and gRPC's
-own clients see the codes, details, metadata and back-pressure they would from grpc.aio's server,
-on either HTTP/2 engine (pybk's own, libnghttp2's through ngh2)."""
+"""pybk's gRPC server (pybk.transport.grpc_server) runs handlers written as for grpc.aio, and
+gRPC's own C-core clients (grpc.aio) see the codes, details, metadata and back-pressure they
+would from grpc.aio's server."""
 from __future__ import annotations
 
 import asyncio
@@ -11,10 +11,12 @@ import struct
 import grpc
 import hpack
 import pytest
+
+import h2frames
 from polling import eventually
 
-from pybk.proto import http2
-from pybk.proto.grpc_server import ConnectionLimits, Kind, Method, Server
+from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server
+from pybk.transport.ngh2_client import split_address
 
 ANSWER = 1024 * 1024
 
@@ -23,16 +25,8 @@ def _same(b: bytes) -> bytes:
     return b
 
 
-@pytest.fixture(params=["own", "ngh2"])
-def engine(request) -> str:
-    """The HTTP/2 engine under test."""
-    if request.param == "ngh2":
-        pytest.importorskip("ngh2")
-    return request.param
-
-
 @pytest.fixture
-async def served(engine):
+async def served():
     """A server with a few methods on a loopback port: (address, the handlers' record)."""
     seen: dict = {"written": 0, "cancelled": 0, "metadata": None, "peer": None, "release": asyncio.Event(),
                   "late": []}
@@ -78,7 +72,7 @@ async def served(engine):
                Method("/t.T/Count", Kind.BIDI, _same, _same, count),
                Method("/t.T/Late", Kind.UNARY, _same, _same, late)]
     sock = socket.create_server(("127.0.0.1", 0))
-    server = Server(methods, sock, 4 * 1024 * 1024, engine=engine)
+    server = Server(methods, sock, 4 * 1024 * 1024)
     await server.start()
     yield f"127.0.0.1:{sock.getsockname()[1]}", seen, server
     await server.stop(None)
@@ -160,17 +154,17 @@ async def test_a_call_in_flight_when_its_connection_ends_is_cancelled_and_writes
     loop = asyncio.get_running_loop()
     unhandled: list = []
     loop.set_exception_handler(lambda _, context: unhandled.append(context))
-    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    reader, writer = await asyncio.open_connection(*split_address(address))
     headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Late"),
                                       (":authority", "x"), ("content-type", "application/grpc")])
-    writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
-                 + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, headers)
-                 + http2.frame(http2.DATA, http2.END_STREAM, 1, b"\x00" + struct.pack(">I", 2) + b"go"))
+    writer.write(h2frames.PREFACE + h2frames.frame(h2frames.SETTINGS, 0, 0)
+                 + h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, 1, headers)
+                 + h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 1, b"\x00" + struct.pack(">I", 2) + b"go"))
     await writer.drain()
     await asyncio.sleep(0.2)  # the call is running, waiting to answer
-    writer.write(http2.frame(http2.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    writer.write(h2frames.frame(h2frames.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
     await writer.drain()
-    with caplog.at_level(logging.ERROR, logger="pybk.proto.grpc_server"):
+    with caplog.at_level(logging.ERROR, logger="pybk.transport.grpc_server"):
         await asyncio.sleep(0.2)  # the connection is ending (the server reads on for a second)
         seen["release"].set()
         await eventually(lambda: seen["late"], timeout=10, interval=0.01, what="the handler's end")

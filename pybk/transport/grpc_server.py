@@ -1,5 +1,5 @@
-"""A gRPC server on an HTTP/2 engine of pybk's choosing (libnghttp2 through ngh2 by default, see
-connection_class), in place of grpc.aio.Server.
+"""A gRPC server whose HTTP/2 engine is libnghttp2 (ngh2_server's connections), in place of
+grpc.aio.Server.
 
 Why: grpc.aio's server hands every message and every answer between gRPC's threads and the event
 loop; a bookie spent about half of its busy time there at window 1. Here a call's messages reach
@@ -21,7 +21,7 @@ This layer only asks `identify` at each call's HEADERS whether its credential is
 knows, to give its connection the full window and budget (see pybk.transport.ngh2_server).
 
 Connections (`ConnectionLimits`): the server accepts connections itself, so that what it allows
-each client holds whichever connection class serves (see `ServerConnection`). Beyond
+each client holds is decided in one place, before a connection object exists. Beyond
 `max_connections` in all, or `max_connections_per_peer` from one address, a connection is closed
 as soon as it is accepted (before any TLS handshake), counted (`on_refused`) and logged at most
 once a minute. A connection whose TLS handshake and HTTP/2 preface are not done within
@@ -39,39 +39,22 @@ import ctypes.util
 import enum
 import errno
 import logging
-import os
 import socket
 import ssl as _ssl
 import struct
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import grpc
 
 from pybk.security.auth import certificate_common_name
 
-from pybk.transport.budget import ProcessBudget
+from .budget import ProcessBudget
+from .ngh2_server import Call, GrpcServerConnection
 
-from .h2server import Call, GrpcServerConnection
-
-log = logging.getLogger("pybk.proto.grpc_server")
-
-ENGINE_VARIABLE = "PYBK_HTTP2_ENGINE"
-ENGINES = ("ngh2", "own")  # pybk.transport.ngh2_server (libnghttp2, the default), pybk.proto.h2server
-
-
-def connection_class(engine: str | None = None) -> type:
-    """The server connection class of an HTTP/2 engine: `engine`, else the PYBK_HTTP2_ENGINE
-    environment variable, else `ngh2`. ValueError names an unknown one."""
-    engine = engine or os.environ.get(ENGINE_VARIABLE) or "ngh2"
-    if engine == "own":
-        return GrpcServerConnection
-    if engine == "ngh2":
-        from pybk.transport.ngh2_server import GrpcServerConnection as Ngh2Connection
-        return Ngh2Connection
-    raise ValueError(f"HTTP/2 engine {engine!r} is not one of {', '.join(ENGINES)} ({ENGINE_VARIABLE})")
+log = logging.getLogger("pybk.transport.grpc_server")
 
 # what the server holds for all its clients at most (requests ahead of consumption, unread answers)
 DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
@@ -290,28 +273,6 @@ class _Running:
             call.abandon(grpc.StatusCode.UNKNOWN, f"unexpected {type(exc).__name__}: {exc}")
 
 
-class ServerConnection(Protocol):
-    """What `Server` needs of a connection class (pybk.transport.ngh2_server's or
-    pybk.proto.h2server's GrpcServerConnection): created as cls(route, max_message_bytes,
-    on_close=callback, budget=ProcessBudget), an asyncio Protocol that calls on_close(itself) once
-    when its connection is lost, and:"""
-
-    received: int  # reads from the client so far (any byte is a sign of life, PING ACKs too)
-
-    @property
-    def spoke(self) -> bool:
-        """The client's HTTP/2 connection preface arrived."""
-
-    def ping(self) -> None:
-        """Send a PING to the client."""
-
-    def goaway(self) -> None:
-        """GOAWAY (NO_ERROR): no new call is taken, the calls running go on."""
-
-    def close(self, why: str) -> None:
-        """GOAWAY (NO_ERROR) naming why, then close the connection."""
-
-
 @dataclass(frozen=True)
 class ConnectionLimits:
     """What the server allows connections (the bookie's options of the same names); 0 turns a
@@ -355,7 +316,7 @@ class _Link:
 
     def __init__(self, peer: str, now: float):
         self.peer, self.accepted = peer, now
-        self.conn: Any = None
+        self.conn: GrpcServerConnection | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.task: asyncio.Task | None = None
         self.calls = 0
@@ -427,17 +388,15 @@ class Server:
     then `stop(grace)`. TLS with `ssl` (an SSLContext offering ALPN h2). Connections are held to
     `limits` (see the module's notes); `on_refused(reason)` and `on_closed(reason)` hear of every
     connection refused (max_connections, max_connections_per_peer) or closed by a limit
-    (handshake_timeout, idle, keepalive). `engine` chooses the HTTP/2 engine (see
-    connection_class); what all connections hold for clients is bounded by `budget_bytes`, and
-    `identify` says whether a call's credential is one the server knows (None: every call's)."""
+    (handshake_timeout, idle, keepalive). What all connections hold for clients is bounded by
+    `budget_bytes`, and `identify` says whether a call's credential is one the server knows (None: every call's)."""
 
     def __init__(self, methods: list[Method], sock: socket.socket, max_message_bytes: int,
                  ssl: _ssl.SSLContext | None = None, limits: ConnectionLimits = ConnectionLimits(),
                  on_refused: Callable[[str], None] = lambda reason: None,
                  on_closed: Callable[[str], None] = lambda reason: None,
-                 engine: str | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES,
                  identify: Callable[[Context], bool] | None = None):
-        self._connection_class = connection_class(engine)
         self._budget = ProcessBudget(budget_bytes)
         self._identify = identify
         self._methods = {m.path: m for m in methods}
@@ -557,9 +516,9 @@ class Server:
             sock.close()
             self._release(link)
 
-    def _connection(self, link: _Link) -> ServerConnection:
-        link.conn = self._connection_class(lambda call: self._route(link, call), self._max_message,
-                                           on_close=lambda conn: self._release(link), budget=self._budget)
+    def _connection(self, link: _Link) -> GrpcServerConnection:
+        link.conn = GrpcServerConnection(lambda call: self._route(link, call), self._max_message,
+                                         on_close=lambda conn: self._release(link), budget=self._budget)
         return link.conn
 
     def _release(self, link: _Link) -> None:

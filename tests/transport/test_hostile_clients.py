@@ -1,9 +1,10 @@
-"""One unauthenticated client cannot knock over a gRPC server on the libnghttp2 engine
-(pybk.transport.ngh2_server): half-sent large messages stall on flow control within a byte
+"""One unauthenticated client cannot knock over pybk's gRPC server (pybk.transport.grpc_server on
+ngh2_server's libnghttp2 connections): half-sent large messages stall on flow control within a byte
 budget, unread answers stop the calls that make them, SETTINGS floods do not block the event loop,
 and rapid resets and empty CONTINUATION floods end the connection with GOAWAY ENHANCE_YOUR_CALM.
 The attackers are real clients on loopback sockets: the `h2` library (which keeps to flow control,
-as a careful attacker does) and raw frames. Every loop is bounded in count and time."""
+as a careful attacker does) and raw frames (tests/h2frames.py). Every loop is bounded in count
+and time."""
 from __future__ import annotations
 
 import asyncio
@@ -12,18 +13,18 @@ import socket
 import struct
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import hpack
 import pytest
+
+import h2frames
 from polling import eventually
 
-from pybk.proto import http2
-from pybk.proto.grpc_server import Kind, Method, Server
-
-ngh2_server = pytest.importorskip("pybk.transport.ngh2_server")
-h2_connection = pytest.importorskip("h2.connection")
-import h2.config  # noqa: E402 - after the importorskip above
-import h2.events  # noqa: E402
-import h2.exceptions  # noqa: E402
+from pybk.transport import ngh2_server
+from pybk.transport.grpc_server import Kind, Method, Server
+from pybk.transport.ngh2_client import split_address
 
 MAX_MESSAGE = 9 * 1024 * 1024
 ANSWER = 1024 * 1024
@@ -41,7 +42,7 @@ async def _echo(requests, context):
 
 @pytest.fixture
 async def served():
-    """A server on the ngh2 engine: (address, the Server, the handlers' record)."""
+    """A server on a loopback port: (address, the Server, the handlers' record)."""
     seen = {"started": 0, "written": 0}
 
     async def echo(requests, context):
@@ -58,7 +59,7 @@ async def served():
     methods = [Method("/t.T/Echo", Kind.BIDI, _same, _same, echo),
                Method("/t.T/Flood", Kind.SERVER_STREAM, _same, _same, flood)]
     sock = socket.create_server(("127.0.0.1", 0))
-    server = Server(methods, sock, MAX_MESSAGE, engine="ngh2")
+    server = Server(methods, sock, MAX_MESSAGE)
     await server.start()
     yield f"127.0.0.1:{sock.getsockname()[1]}", server, seen
     await server.stop(None)
@@ -85,12 +86,12 @@ class Raw:
 
     @classmethod
     async def connect(cls, address: str) -> "Raw":
-        raw = cls(*await asyncio.open_connection(*http2.split_address(address)))
-        raw.writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+        raw = cls(*await asyncio.open_connection(*split_address(address)))
+        raw.writer.write(h2frames.PREFACE + h2frames.frame(h2frames.SETTINGS, 0, 0))
         return raw
 
     def request(self, stream: int, path: str = "/t.T/Echo") -> bytes:
-        return http2.frame(http2.HEADERS, http2.END_HEADERS, stream, self.encoder.encode(_headers(path)))
+        return h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, stream, self.encoder.encode(_headers(path)))
 
     async def goaway(self, timeout: float = 20) -> tuple[int, str]:
         """The code and text of the server's GOAWAY, acknowledging its SETTINGS on the way."""
@@ -99,9 +100,9 @@ class Raw:
                 head = await self.reader.readexactly(9)
                 hi, lo, ftype, flags, _ = struct.unpack(">BHBBI", head)
                 payload = await self.reader.readexactly((hi << 16) | lo)
-                if ftype == http2.SETTINGS and not flags & http2.ACK:
-                    self.writer.write(http2.frame(http2.SETTINGS, http2.ACK, 0))
-                elif ftype == http2.GOAWAY:
+                if ftype == h2frames.SETTINGS and not flags & h2frames.ACK:
+                    self.writer.write(h2frames.frame(h2frames.SETTINGS, h2frames.ACK, 0))
+                elif ftype == h2frames.GOAWAY:
                     _, code = struct.unpack_from(">II", payload)
                     return code, payload[8:].decode(errors="replace")
         return await asyncio.wait_for(read(), timeout)
@@ -148,8 +149,8 @@ class Stalled:
 
     @classmethod
     async def run(cls, address: str, streams: int = 300, timeout: float = 60) -> "Stalled":
-        reader, writer = await asyncio.open_connection(*http2.split_address(address))
-        client = h2_connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        reader, writer = await asyncio.open_connection(*split_address(address))
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         client.initiate_connection()
         ids = [client.get_next_available_stream_id()]
         for _ in range(streams - 1):
@@ -226,7 +227,7 @@ async def test_a_connection_whose_calls_carry_no_known_credential_gets_a_small_b
     messages make it hold at most about 128 KiB; a call with a known credential opens it."""
     sock = socket.create_server(("127.0.0.1", 0))
     known: list[bool] = [False]
-    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE, engine="ngh2",
+    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE,
                     identify=lambda context: known[0])
     await server.start()
     address = f"127.0.0.1:{sock.getsockname()[1]}"
@@ -255,7 +256,7 @@ async def test_connections_past_the_process_budget_end_those_holding_most_and_sp
     meanwhile holds little, so it is never the one ended: every one of its calls is answered."""
     limit = 20 * 1024 * 1024
     sock = socket.create_server(("127.0.0.1", 0))
-    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE, engine="ngh2",
+    server = Server([Method("/t.T/Echo", Kind.BIDI, _same, _same, _echo)], sock, MAX_MESSAGE,
                     budget_bytes=limit)
     await server.start()
     address = f"127.0.0.1:{sock.getsockname()[1]}"
@@ -296,12 +297,13 @@ async def test_streams_whose_answers_are_never_read_stop_at_the_answer_budget(se
     wait to write their first answer."""
     address, server, seen = served
     raw = await Raw.connect(address)
-    raw.writer.write(http2.frame(http2.SETTINGS, 0, 0, http2.SETTING.pack(http2.SETTINGS_INITIAL_WINDOW_SIZE, 0)))
+    raw.writer.write(h2frames.frame(h2frames.SETTINGS, 0, 0,
+                                    h2frames.SETTING.pack(h2frames.SETTINGS_INITIAL_WINDOW_SIZE, 0)))
     request = b"\x00" + struct.pack(">I", 2) + b"go"
     for i in range(200):
         stream = 1 + 2 * i
         raw.writer.write(raw.request(stream, "/t.T/Flood")
-                         + http2.frame(http2.DATA, http2.END_STREAM, stream, request))
+                         + h2frames.frame(h2frames.DATA, h2frames.END_STREAM, stream, request))
     await eventually(lambda: server.connections and _connection(server).buffered > ngh2_server.ANSWER_BUDGET,
                      timeout=20, interval=0.05, what="the answers to back up")
     await asyncio.sleep(0.5)  # what more the server would take, it takes now
@@ -320,7 +322,7 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
     raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
     await eventually(lambda: seen["started"] == 1000, timeout=20, interval=0.05, what="1000 calls open")
     watch = LoopWatch()
-    many_small = b"".join(http2.frame(http2.SETTINGS, 0, 0, http2.SETTING.pack(4, 65_535 + (i & 1)))
+    many_small = b"".join(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 65_535 + (i & 1)))
                           for i in range(20_000))
     raw.writer.write(many_small)
     code, why = await raw.goaway()
@@ -333,7 +335,7 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
     raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
     await eventually(lambda: seen["started"] == 2000, timeout=20, interval=0.05, what="1000 more calls open")
     watch = LoopWatch()
-    raw.writer.write(http2.frame(http2.SETTINGS, 0, 0, http2.SETTING.pack(4, 70_000) * 2_000))
+    raw.writer.write(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 70_000) * 2_000))
     code, why = await raw.goaway()
     longest = watch.stop()
     assert code == ENHANCE_YOUR_CALM and "too many setting entries" in why
@@ -352,7 +354,7 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(served):
         frames = []
         for i in range(100):
             stream = 1 + 2 * (batch * 100 + i)
-            frames += [raw.request(stream), http2.frame(http2.RST_STREAM, 0, stream, struct.pack(">I", 0x8))]
+            frames += [raw.request(stream), h2frames.frame(h2frames.RST_STREAM, 0, stream, struct.pack(">I", 0x8))]
         raw.writer.write(b"".join(frames))
         pairs += 100
         await raw.writer.drain()
@@ -366,8 +368,8 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(served):
 async def test_an_empty_continuation_flood_ends_the_connection_with_enhance_your_calm(served):
     address, _, _ = served
     raw = await Raw.connect(address)
-    raw.writer.write(http2.frame(http2.HEADERS, 0, 1, raw.encoder.encode(_headers("/t.T/Echo")))
-                     + http2.frame(http2.CONTINUATION, 0, 1, b"") * 1_000)
+    raw.writer.write(h2frames.frame(h2frames.HEADERS, 0, 1, raw.encoder.encode(_headers("/t.T/Echo")))
+                     + h2frames.frame(h2frames.CONTINUATION, 0, 1, b"") * 1_000)
     code, why = await raw.goaway()
     assert code == ENHANCE_YOUR_CALM and "CONTINUATION" in why
     raw.close()
@@ -388,7 +390,7 @@ async def test_a_ping_flood_from_a_client_that_reads_its_acks_ends_with_enhance_
     for batch in range(100):   # at most 10,000 PINGs
         if goaway.done():
             break
-        raw.writer.write(http2.frame(http2.PING, 0, 0, batch.to_bytes(8, "big")) * 100)
+        raw.writer.write(h2frames.frame(h2frames.PING, 0, 0, batch.to_bytes(8, "big")) * 100)
         sent += 100
         await raw.writer.drain()
         await asyncio.sleep(0.005)
@@ -401,7 +403,7 @@ async def test_a_ping_flood_from_a_client_that_reads_its_acks_ends_with_enhance_
 async def test_a_client_that_never_sends_its_preface_is_dropped(served, monkeypatch):
     monkeypatch.setattr(ngh2_server, "HANDSHAKE_TIMEOUT", 0.3)
     address, _, _ = served
-    reader, writer = await asyncio.open_connection(*http2.split_address(address))
+    reader, writer = await asyncio.open_connection(*split_address(address))
     raw = Raw(reader, writer)
     code, why = await raw.goaway(timeout=10)
     assert code == 0x1 and "preface" in why
