@@ -24,8 +24,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's d
 _ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
 ADD_METHOD = "/pybk.Bookie/Add"
 ADD_RUNS_HEADER = "pybk-add-runs"  # initial metadata of a bookie's Add stream: it takes packed runs
+KEEPALIVE = (10.0, 5.0)  # seconds of silence before a PING, then seconds for its answer
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1),
                 # a restarted bookie is found again within ~2 s, not after gRPC's 2-minute backoff
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
@@ -190,9 +190,12 @@ class BookieClient:
 
     def __init__(self, address: str, max_batch_bytes: int = 1024 * 1024, max_batch_entries: int = 8192,
                  timeout: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 security: ClientSecurity | None = None, token: str | None = None):
+                 security: ClientSecurity | None = None, token: str | None = None,
+                 keepalive: tuple[float, float] = KEEPALIVE):
         """max_message_bytes matches the bookies' max_message_size: no Add message is bigger, and
-        an entry that cannot fit in one is refused here with BAD_REQUEST. With `security` the
+        an entry that cannot fit in one is refused here with BAD_REQUEST. `keepalive` is (seconds
+        of silence before a PING, seconds for its answer): a bookie that is connected but stalled
+        fails the calls in flight UNAVAILABLE after their sum. With `security` the
         channel uses TLS (when it names a CA) and every call carries its bearer token (read from
         its token file now, or `token` if given); CertificateError or OSError names a file that
         cannot be used."""
@@ -202,7 +205,10 @@ class BookieClient:
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes
         self._batch_room = max_message_bytes - (max_batch_entries + 1) * _ENTRY_OVERHEAD  # body bytes per batch
-        options = [*GRPC_OPTIONS, ("grpc.max_send_message_length", max_message_bytes)]
+        self.keepalive = keepalive
+        options = [*GRPC_OPTIONS, ("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.keepalive_time_ms", int(keepalive[0] * 1000)),
+                   ("grpc.keepalive_timeout_ms", int(keepalive[1] * 1000))]
         self.security = security or ClientSecurity()
         token = token or self.security.token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
@@ -552,7 +558,8 @@ class _AddStream:
         self.rpc = ClientStream.open(client.address, ADD_METHOD, metadata=client._metadata or (),
                                      ssl=client._ssl_context(), server_hostname=client.security.tls_server_name,
                                      on_message=self._answer, on_headers=self._announced, on_end=self._ended,
-                                     awaiting=lambda: bool(self.inflight))
+                                     awaiting=lambda: bool(self.inflight), keepalive=client.keepalive[0],
+                                     keepalive_timeout=client.keepalive[1])
 
     def _announced(self, headers: list) -> None:
         """The bookie's initial metadata: a bookie from before packed runs does not name them

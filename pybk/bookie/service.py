@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
+from pybk import __version__
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
 from pybk.security.auth import AccessDenied, Authenticator, Denial
@@ -171,7 +172,7 @@ class ReadBuffer:
 class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
-    def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = "",
+    def __init__(self, bookie: Bookie, bookie_id: str, zone: str = "", version: str = __version__,
                  limits: Limits = Limits(), authenticator: Authenticator | None = None,
                  keys: KeyGate | None = None):
         self.bookie = bookie

@@ -5,6 +5,8 @@ import asyncio
 
 import pytest
 
+import pybk
+
 from pybk import entry
 from pybk.bookie.client import BookieClient, BookieError, Status
 
@@ -43,6 +45,7 @@ async def test_adds_read_back_with_lac_and_listing(bookies):
         assert await c.read_lac(9) == 500
         info = await c.info()
         assert info["bookie_id"] == b.bookie_id and info["ledger_count"] == 1 and not info["read_only"]
+        assert info["version"] == pybk.__version__
         metrics = (await asyncio.to_thread(b.http_get, "/metrics"))[1].decode()
         for line in ("pybk_bookie_adds_total 501.0", "pybk_bookie_add_batch_entries_sum 501.0",
                      "pybk_bookie_journal_fsync_seconds_count", "pybk_bookie_write_cache_bytes",
