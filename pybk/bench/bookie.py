@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pybk import eventloop
 from pybk import entry
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.local.bookie import BookieProcess
 
 from .stats import cpu_seconds, percentile

@@ -28,7 +28,7 @@ from pybk.security.tls import CertificateError
 from pybk.transport.grpc_server import ConnectionLimits
 
 from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
-from .client import BookieClient, BookieError
+from pybk.client.bookie_client import BookieClient, BookieError
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app

@@ -20,12 +20,12 @@ from prometheus_client import Counter
 from pybk import __version__
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
+from pybk.proto.wire import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 
 from .bookie import AddRun, Bookie, BookieStorageError, runs_of
-from .client import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 from .keys import KeyGate
 from .state import KEY_MISSING, LOOKUP, needs_admission
 

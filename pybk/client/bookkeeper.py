@@ -8,7 +8,7 @@ import weakref
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.entry import DigestType, key_check, master_key, password_hash
 from pybk.meta import LedgerMetadata, MetadataStore
 from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedger

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.meta.ledgers import Change, Fragment, LedgerMetadata, LedgerState, Unchanged
 
 from .errors import BKError, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError

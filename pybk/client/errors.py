@@ -1,7 +1,7 @@
 """Typed client errors; each message says what happened and to which ledger or bookie."""
 from __future__ import annotations
 
-from pybk.bookie.client import BookieError, Status
+from pybk.client.bookie_client import BookieError, Status
 
 
 def status_of(exc: BaseException) -> Status | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from pybk.bookie.client import Status
+from pybk.client.bookie_client import Status
 
 
 class Reaction(enum.Enum):

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
-from pybk.bookie.client import Status
+from pybk.client.bookie_client import Status
 from pybk.entry import DigestMismatch, decode, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata

@@ -31,7 +31,7 @@ import logging
 from contextlib import aclosing
 from typing import Collection, Mapping, Sequence
 
-from pybk.bookie.client import Status
+from pybk.client.bookie_client import Status
 from pybk.entry import DigestMismatch, DigestType, decode, parse_header
 from pybk.entry import master_key as make_master_key
 from pybk.meta.ledgers import Change, Fragment, LedgerMetadata, LedgerState, Unchanged

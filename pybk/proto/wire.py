@@ -15,6 +15,10 @@ from google.protobuf.message import Message
 
 from . import bookie_pb2 as pb
 
+MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
+DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
+ADD_RUNS_HEADER = "pybk-add-runs"  # initial metadata of a bookie's Add stream: it takes packed runs
+
 _BODIES_TAG = bytes([(pb.ReadResults.DESCRIPTOR.fields_by_name["bodies"].number << 3) | 2])  # wire type 2: length-delimited
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 
-from pybk.bookie.client import BookieError, Status
+from pybk.client.bookie_client import BookieError, Status
 
 from . import metrics, plan
 from .bookies import BookiePool, BookieUnavailable

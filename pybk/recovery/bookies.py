@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.meta.registry import READONLY
 from pybk.security.settings import ClientSecurity
 

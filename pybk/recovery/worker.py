@@ -21,7 +21,7 @@ import time
 from typing import Iterable, Sequence
 
 from pybk import entry, ledger
-from pybk.bookie.client import BookieError, Status
+from pybk.client.bookie_client import BookieError, Status
 from pybk.client.errors import NotEnoughBookiesError
 from pybk.client.placement import replace_bookies
 from pybk.meta import NoSuchLedgerError, VersionConflictError

@@ -56,7 +56,7 @@ async def listbookies(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any
 
 async def _bookie_info(address: str) -> dict[str, Any]:
     """The bookie's Info answer, or {"error": ...} when it does not answer."""
-    from pybk.bookie.client import BookieClient
+    from pybk.client.bookie_client import BookieClient
     from pybk.security.settings import ClientSecurity
     try:
         c = await asyncio.wait_for(BookieClient.connect(address, security=ClientSecurity.from_env()), 10)

@@ -1,5 +1,5 @@
 """A client's gRPC bidi stream on its own HTTP/2 connection, framed by libnghttp2 (through
-`ngh2`, Role.CLIENT): the client's Add stream (pybk.bookie.client), without grpc.aio.
+`ngh2`, Role.CLIENT): the client's Add stream (pybk.client.bookie_client), without grpc.aio.
 
 Why not grpc.aio: with one add in flight, grpc.aio costs a client about 0.5 ms of CPU per message
 on two cores, most of it handing every completion between gRPC's own threads and the event loop.

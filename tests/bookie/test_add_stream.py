@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieUnavailableError, Status
+from pybk.client.bookie_client import BookieClient, BookieUnavailableError, Status
 
 from flow_checker import FlowChecker
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.journal import RecordType, journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
 from pybk.proto import pb

@@ -8,7 +8,7 @@ import pytest
 import pybk
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 
 from allocation import allocate
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.proto import pb, rpc
 from polling import eventually
 from procfs import rss

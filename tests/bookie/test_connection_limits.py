@@ -18,7 +18,7 @@ import hpack
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError
+from pybk.client.bookie_client import BookieClient, BookieError
 from pybk.local.bookie import BookieProcess
 from pybk.proto import pb, rpc
 from pybk.transport.ngh2_client import split_address

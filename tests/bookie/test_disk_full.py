@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.entrylog import EntryLog
 from pybk.bookie.index import LOCATION
 from polling import eventually

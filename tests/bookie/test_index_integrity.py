@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.bookie.index import DATA_FILE, required_size
 
 KEY = entry.master_key(b"index")
@@ -94,7 +94,7 @@ async def test_after_a_rebuild_keys_are_checked_against_the_ledger_metadata(book
     """Master keys went with the index and, after a checkpoint, with the journal, and the metadata
     holds none: the rebuilt bookie checks the next key against the ledger's key check, so a wrong
     key is still refused afterwards and the owner's key still works."""
-    from pybk.bookie.client import BookieError, Status
+    from pybk.client.bookie_client import BookieError, Status
     from pybk.meta import MetadataStore
 
     bk, = bookies(1, checkpoint_interval=3600)

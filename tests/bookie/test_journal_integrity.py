@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.journal import FILE_HEADER_SIZE, Journal, Mark, RecordType, encode_record, journal_files, replay
 from pybk.meta import MetadataStore
 

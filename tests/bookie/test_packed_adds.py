@@ -7,7 +7,8 @@ import random
 import grpc
 
 from pybk import entry
-from pybk.bookie.client import ADD_RUNS_HEADER, BookieClient
+from pybk.client.bookie_client import BookieClient
+from pybk.proto.wire import ADD_RUNS_HEADER
 from pybk.proto import pb
 
 from allocation import allocate

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.index import KEY, LOCATION, Index
 from pybk.ledger import entry_ranges
 from pybk.meta import MetadataStore

@@ -9,7 +9,7 @@ import pytest
 from client_helpers import ChildWriter, expected, flip_in_entry_logs, payload, pipelined, read_all
 from polling import eventually
 
-from pybk.bookie.client import BookieError
+from pybk.client.bookie_client import BookieError
 from pybk.client import BookKeeper, ClientOptions, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError
 from pybk.entry import DigestMismatch, decode
 from pybk.ledger import write_set

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pybk import entry
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.client import BookKeeper
 from pybk.client.bookkeeper import delete_refusal
 from pybk.client.errors import NoSuchLedgerError, UnauthorizedError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pybk.bookie.client import BookieError, BookieUnavailableError, Status
+from pybk.client.bookie_client import BookieError, BookieUnavailableError, Status
 from pybk.client.ensemble_change import append_fragment, next_ensemble, not_open_error, with_fragment
 from pybk.client.errors import LedgerClosedError, LedgerFencedError, NotEnoughBookiesError, status_of
 from pybk.client.reaction import Reaction, reaction

@@ -28,7 +28,7 @@ def apply(tmp_path: Path, replicas: int, data_dir: Path) -> subprocess.Completed
 async def _all_replicas_written(doc: dict, lh, count: int) -> None:
     """Wait until every bookie of the ledger's ensemble holds entries 0..count-1: an ack needs only
     Qa of Qw, and the test's baseline is a fully replicated ledger."""
-    from pybk.bookie.client import BookieClient
+    from pybk.client.bookie_client import BookieClient
     grpc = {b["id"]: b["grpc"] for b in doc["bookies"]}
     for bookie_id in lh.metadata.fragments[0].bookies:
         c = await BookieClient.connect(grpc[bookie_id])
@@ -73,7 +73,7 @@ async def _write_ledgers(uri: str, must_use: str, doc: dict) -> dict[int, list[b
 
 
 async def _check(uri: str, doc: dict, written: dict[int, list[bytes]], gone: str) -> None:
-    from pybk.bookie.client import BookieClient
+    from pybk.client.bookie_client import BookieClient
     from pybk.client import BookKeeper
     async with await BookKeeper.connect(uri) as bk:
         for lid, payloads in written.items():

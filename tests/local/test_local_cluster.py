@@ -42,7 +42,7 @@ def _alive(pid: int) -> bool:
 
 
 async def _bookie_answers(grpc: str) -> str:
-    from pybk.bookie.client import BookieClient
+    from pybk.client.bookie_client import BookieClient
     c = await BookieClient.connect(grpc)
     try:
         return (await c.info())["bookie_id"]

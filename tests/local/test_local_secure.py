@@ -209,7 +209,7 @@ def test_simpletest_gives_its_ledger_a_password_and_the_library_refuses_one_with
 
 
 async def test_bookies_refuse_a_client_without_a_token(secured):
-    from pybk.bookie.client import BookieAccessDeniedError, BookieClient, BookieUnavailableError
+    from pybk.client.bookie_client import BookieAccessDeniedError, BookieClient, BookieUnavailableError
     data_dir, doc = secured
     cluster = read_client(data_dir)
     written = await write_ledgers(cluster, count=1)

@@ -2,7 +2,7 @@
 import pytest
 import asyncio
 
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.entry import decode, encode, master_key
 
 from allocation import allocate

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pybk import entry
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 from pybk.ledger import entry_ranges
 
 from polling import eventually  # noqa: F401 - the recovery tests import it from here

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from pybk.bookie.client import BookieClient, BookieError, Status
+from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.client import BookKeeper
 from pybk.ledger import entry_ranges

@@ -9,7 +9,7 @@ import pytest
 from allocation import allocate
 
 from pybk import entry
-from pybk.bookie.client import BookieClient
+from pybk.client.bookie_client import BookieClient
 
 KEY = entry.master_key(b"pw")
 

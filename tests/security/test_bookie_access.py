@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pybk import entry
-from pybk.bookie.client import BookieAccessDeniedError, BookieClient, BookieUnavailableError, Status
+from pybk.client.bookie_client import BookieAccessDeniedError, BookieClient, BookieUnavailableError, Status
 from pybk.security.settings import ClientSecurity
 
 KEY = entry.master_key(b"pw")

@@ -14,7 +14,7 @@ from security_helpers import served_certificate
 from polling import eventually
 
 from pybk import entry
-from pybk.bookie.client import BookieAccessDeniedError, BookieClient, BookieUnavailableError
+from pybk.client.bookie_client import BookieAccessDeniedError, BookieClient, BookieUnavailableError
 from pybk.local.bookie import BookieProcess
 from pybk.security.ca import CertificateAuthority
 from pybk.security.settings import ClientSecurity

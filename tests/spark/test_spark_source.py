@@ -262,7 +262,7 @@ async def test_corrupted_replica_does_not_corrupt_results(spark, cluster):
     """One bookie's copies of every entry damaged on its disk (a payload byte flipped in its entry
     log while it is stopped): the source reads past them, every row as written."""
     from entrylog_files import records
-    from pybk.bookie.client import BookieClient, BookieError
+    from pybk.client.bookie_client import BookieClient, BookieError
     from pybk.entry import DigestMismatch, decode
     uri, bk, procs = cluster
     lh = await write_ledger(bk, 60)

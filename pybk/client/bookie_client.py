@@ -16,14 +16,12 @@ import numpy as np
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
+from pybk.proto.wire import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 from pybk.security.settings import ClientSecurity
 from pybk.transport.ngh2_client import CLOSED_AT_ONCE, ClientStream
 
-MESSAGE_HEADROOM = 4 * 1024 * 1024  # a message may be this much bigger than the largest entry
-DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 + MESSAGE_HEADROOM  # the bookie's default max_entry_size + headroom
 _ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
 ADD_METHOD = "/pybk.Bookie/Add"
-ADD_RUNS_HEADER = "pybk-add-runs"  # initial metadata of a bookie's Add stream: it takes packed runs
 KEEPALIVE = (10.0, 5.0)  # seconds of silence before a PING, then seconds for its answer
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1),
@@ -371,13 +369,24 @@ class BookieClient:
         self._next_id = rid
         self._new_batch()
         if self._stream is None or self._stream.broken:
-            self._stream = _AddStream(self)
+            self._stream = _AddStream(self.address, metadata=self._metadata or (), ssl=self._ssl_context(),
+                                      server_hostname=self.security.tls_server_name, tls=self.security.tls,
+                                      keepalive=self.keepalive, on_batch_done=self._batch_done,
+                                      on_broken=self._stream_broken)
         self._inflight += 1
         self._stream.send(runs)
 
     def _batch_done(self) -> None:
         self._inflight -= 1
         if self._pending and not self._flush_scheduled:
+            self._flush()
+
+    def _stream_broken(self, stream: "_AddStream", failed: int) -> None:
+        """`stream` failed its `failed` batches in flight: the next batch opens a new one."""
+        self._inflight -= failed
+        if self._stream is stream:
+            self._stream = None
+        if self._pending and self._inflight == 0 and not self._closed:
             self._flush()
 
     def _new_batch(self) -> None:
@@ -550,16 +559,20 @@ class _AddStream:
     on the hot path): batches (lists of runs) are encoded and written as they come, packed once the bookie
     said it takes runs; each answer settles its batch's runs, straight from the read callback."""
 
-    def __init__(self, client: BookieClient):
-        self.client = client
+    def __init__(self, address: str, *, metadata: Sequence[tuple[str, str]], ssl: "ssl.SSLContext | None",
+                 server_hostname: str | None, tls: bool, keepalive: tuple[float, float],
+                 on_batch_done: Callable[[], None], on_broken: Callable[["_AddStream", int], None]):
+        """`on_batch_done()` once per batch answered (or refused before it was sent);
+        `on_broken(stream, n)` once the stream failed, with the n batches it failed."""
+        self.address, self.tls = address, tls
+        self._on_batch_done, self._on_broken = on_batch_done, on_broken
         self.inflight: dict[int, list[_Run]] = {}  # first run's request id -> the batch's runs
         self.broken = False
         self.packed = False  # until the bookie's initial metadata says it takes packed runs
-        self.rpc = ClientStream.open(client.address, ADD_METHOD, metadata=client._metadata or (),
-                                     ssl=client._ssl_context(), server_hostname=client.security.tls_server_name,
+        self.rpc = ClientStream.open(address, ADD_METHOD, metadata=metadata, ssl=ssl, server_hostname=server_hostname,
                                      on_message=self._answer, on_headers=self._announced, on_end=self._ended,
-                                     awaiting=lambda: bool(self.inflight), keepalive=client.keepalive[0],
-                                     keepalive_timeout=client.keepalive[1])
+                                     awaiting=lambda: bool(self.inflight), keepalive=keepalive[0],
+                                     keepalive_timeout=keepalive[1])
 
     def _announced(self, headers: list) -> None:
         """The bookie's initial metadata: a bookie from before packed runs does not name them
@@ -570,16 +583,16 @@ class _AddStream:
         try:
             data = _encode(runs, self.packed)
         except (TypeError, ValueError, OverflowError) as exc:  # not representable on the wire
-            error = BookieError(Status.BAD_REQUEST, f"bad add: {exc}", self.client.address)
+            error = BookieError(Status.BAD_REQUEST, f"bad add: {exc}", self.address)
             for run in runs:
                 run.fail(error)
-            self.client._batch_done()  # send is the last step of _flush: this may flush the next batch
+            self._on_batch_done()  # send is the last step of _flush: this may flush the next batch
             return
         self.inflight[runs[0].rid] = runs
         self.rpc.write(data)
 
     def _answer(self, data: bytes) -> None:
-        address = self.client.address
+        address = self.address
         try:
             results = pb.AddResults.FromString(data)
             answers = results.runs
@@ -604,14 +617,13 @@ class _AddStream:
         except Exception as exc:  # noqa: BLE001 - never leave an add hanging
             self.fail(BookieUnavailableError(f"add stream failed: {exc}", address))
             return
-        self.client._batch_done()
+        self._on_batch_done()
 
     def _ended(self, code: grpc.StatusCode, details: str) -> None:
-        client = self.client
         if code is grpc.StatusCode.OK:
-            self.fail(BookieUnavailableError("add stream ended", client.address))
+            self.fail(BookieUnavailableError("add stream ended", self.address))
         else:
-            self.fail(status_error(code, details, client.address, client.security.tls))
+            self.fail(status_error(code, details, self.address, self.tls))
 
     def fail(self, exc: BookieError) -> None:
         """Fail every add sent on this stream and not yet answered."""
@@ -619,14 +631,9 @@ class _AddStream:
             return
         self.broken = True
         self.rpc.cancel()
-        client = self.client
         batches = list(self.inflight.values())
         self.inflight.clear()
         for runs in batches:
             for run in runs:
                 run.fail(exc)
-            client._inflight -= 1
-        if client._stream is self:
-            client._stream = None
-        if client._pending and client._inflight == 0 and not client._closed:
-            client._flush()
+        self._on_broken(self, len(batches))
