@@ -35,6 +35,21 @@ from pybk.transport.ngh2_client import split_address
 CANCEL = 0x8
 
 
+async def exchange(client: h2.connection.H2Connection, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter, wait: float = 0.1) -> list | None:
+    """Send what the h2 client has to send, then feed it what the server sent within `wait`
+    seconds: the events that made ([] when nothing came), or None once the connection is gone."""
+    writer.write(client.data_to_send())
+    try:
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(1 << 20), wait)
+    except asyncio.TimeoutError:
+        return []
+    except (ConnectionError, ssl.SSLError):
+        return None
+    return client.receive_data(data) if data else None
+
+
 def tls_context() -> ssl.SSLContext:
     """A TLS client that offers h2 and presents no certificate (nor checks the server's)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -163,17 +178,10 @@ async def half_sent_messages(address: str, streams: int = 300, seconds: float = 
                 client.send_data(s, chunk[:room])
                 left[s] -= room
                 sent += room
-        writer.write(client.data_to_send())
-        try:
-            await writer.drain()
-            data = await asyncio.wait_for(reader.read(1 << 20), 0.1)
-        except asyncio.TimeoutError:
-            continue
-        except (ConnectionError, ssl.SSLError):
+        events = await exchange(client, reader, writer)
+        if events is None:
             break
-        if not data:
-            break
-        for event in client.receive_data(data):
+        for event in events:
             if isinstance(event, h2.events.ConnectionTerminated):
                 goaway = event.error_code
         writer.write(client.data_to_send())
@@ -344,17 +352,10 @@ async def unknown_ledger_adds(address: str, ledger: int, batches: int = 100, sec
                 outgoing[stream] = rest
             else:
                 del outgoing[stream]
-        writer.write(client.data_to_send())
-        try:
-            await writer.drain()
-            data = await asyncio.wait_for(reader.read(1 << 20), 0.1)
-        except asyncio.TimeoutError:
-            continue
-        except (ConnectionError, ssl.SSLError):
+        events = await exchange(client, reader, writer)
+        if events is None:
             break
-        if not data:
-            break
-        for event in client.receive_data(data):
+        for event in events:
             if isinstance(event, h2.events.ConnectionTerminated):
                 goaway = event.error_code
             elif isinstance(event, h2.events.DataReceived):

@@ -325,14 +325,19 @@ async def test_a_graceful_goaway_lets_the_stream_finish():
         raw.server.close()
 
 
-async def test_a_server_that_does_not_speak_http2_ends_the_stream_internal():
-    raw = RawServer(_scripted(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
+async def _hello_to(script) -> tuple[grpc.StatusCode, str]:
+    """How a stream that wrote one message ends against a raw server running `script`."""
+    raw = RawServer(script)
     client = Client()
     client.open(await raw.start()).write(b"hello")
     try:
-        code, details = await client.end()
+        return await client.end()
     finally:
         raw.server.close()
+
+
+async def test_a_server_that_does_not_speak_http2_ends_the_stream_internal():
+    code, details = await _hello_to(_scripted(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
     assert code is grpc.StatusCode.INTERNAL and details.startswith("HTTP/2 protocol error from the server: "), details
 
 
@@ -340,13 +345,7 @@ async def test_a_connection_closed_at_once_says_the_server_never_spoke_http2():
     """As a TLS port does to a plaintext client: the end names it, for BookieClient's hint."""
     async def close_at_once(reader, writer, raw) -> None:
         pass
-    raw = RawServer(close_at_once)
-    client = Client()
-    client.open(await raw.start()).write(b"hello")
-    try:
-        code, details = await client.end()
-    finally:
-        raw.server.close()
+    code, details = await _hello_to(close_at_once)
     assert code is grpc.StatusCode.UNAVAILABLE and details.startswith(CLOSED_AT_ONCE), details
 
 
