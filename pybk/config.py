@@ -452,16 +452,20 @@ def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:
     variable that no pybk process takes (a typo) or that is malformed. A setting of another pybk
     process is left to that one: `pybk local` hands one environment to all its children."""
     by_variable = {o.variable: o for o in process.options}
-    others = others_settings(process, environ)
     out: dict[str, Any] = {}
     for variable in sorted(v for v in environ if v.startswith(ENV_PREFIX)):
         opt = by_variable.get(variable)
         if opt is None:
-            if variable not in ELSEWHERE and variable not in others:
+            if variable not in _known_variables():
                 raise ConfigError(_unknown_variable(variable, process))
             continue
         out[opt.name] = opt.value_in(environ)
     return out
+
+
+def _known_variables() -> set[str]:
+    """Every `PYBK_*` name some pybk process or tool reads."""
+    return {o.variable for p in PROCESSES for o in p.options} | set(ELSEWHERE)
 
 
 def others_settings(process: Process, environ: Mapping[str, str]) -> dict[str, list[str]]:
@@ -477,8 +481,7 @@ def others_settings(process: Process, environ: Mapping[str, str]) -> dict[str, l
 
 
 def _unknown_variable(variable: str, process: Process) -> str:
-    every = sorted({o.variable for p in PROCESSES for o in p.options} | set(ELSEWHERE))
-    close = difflib.get_close_matches(variable, every, n=1)
+    close = difflib.get_close_matches(variable, sorted(_known_variables()), n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return f"{variable}: no pybk process takes this setting{hint}\nsee {process.title} --help"
 

@@ -19,6 +19,7 @@ from aiohttp import web
 import pybk
 from pybk import config, eventloop, logformat
 from pybk.eventloop import EventLoopError
+from pybk.client.bookie_client import BookieClient, BookieError
 from pybk.meta import BookieInfo
 from pybk.recovery.options import from_config as recovery_options
 from pybk.security.auth import AuthFileError
@@ -28,7 +29,6 @@ from pybk.security.tls import CertificateError
 from pybk.transport.grpc_server import ConnectionLimits
 
 from .bookie import Bookie, DirsInUseError, StorageOptions, rebuild_index
-from pybk.client.bookie_client import BookieClient, BookieError
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app

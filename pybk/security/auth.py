@@ -172,6 +172,14 @@ def decide(table: AuthTable, token: str | None, common_name: str | None, operati
     return principal
 
 
+def _grpc_credential(context) -> tuple[str | None, str | None]:
+    """(bearer token, certificate common name) of a gRPC call: the token of its `authorization`
+    metadata, else the common name of the peer's verified certificate."""
+    token = bearer_token(v for k, v in (context.invocation_metadata() or ()) if k == "authorization")
+    names = context.auth_context().get("x509_common_name") if token is None else None
+    return token, names[0].decode() if names else None
+
+
 class Authenticator:
     """A server's authorization: the auth file's table, reloaded when the file changes. With no
     file every caller is OPEN."""
@@ -235,9 +243,7 @@ class Authenticator:
         the peer's verified certificate."""
         if self._table is None:
             return OPEN
-        token = bearer_token(v for k, v in (context.invocation_metadata() or ()) if k == "authorization")
-        names = context.auth_context().get("x509_common_name") if token is None else None
-        return self.authorize(token, names[0].decode() if names else None, operation)
+        return self.authorize(*_grpc_credential(context), operation)
 
     def knows_grpc(self, context) -> bool:
         """Whether a gRPC call carries a credential of the auth file (a known bearer token, or a
@@ -245,11 +251,10 @@ class Authenticator:
         table = self.table()
         if table is None:
             return True
-        token = bearer_token(v for k, v in (context.invocation_metadata() or ()) if k == "authorization")
+        token, common_name = _grpc_credential(context)
         if token is not None:
             return table.by_token(token) is not None
-        names = context.auth_context().get("x509_common_name")
-        return bool(names) and table.by_subject(names[0].decode()) is not None
+        return common_name is not None and table.by_subject(common_name) is not None
 
     def authorize_http(self, request, operation: Operation) -> Principal:
         """For an aiohttp request: its `Authorization: Bearer` header, or the common name of the
