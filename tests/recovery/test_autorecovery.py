@@ -122,11 +122,16 @@ async def test_auditor_killed_is_replaced_and_killed_worker_ledger_is_finished(b
         victim = next(p for p in procs if p.bookie_id in ensemble)
         victim.kill()
 
-        async def second_busy():
-            status, body = second.http_json("/api/v1/autorecovery/status")
-            return status == 200 and lh.ledger_id in body["worker_busy"]
+        seen = {}
 
-        await eventually(second_busy, 60, interval=0.05, what="the worker to start copying")
+        async def second_busy():
+            status, seen["status"] = second.http_json("/api/v1/autorecovery/status")
+            return status == 200 and lh.ledger_id in seen["status"]["worker_busy"]
+
+        try:
+            await eventually(second_busy, 60, interval=0.05, what="the worker to start copying")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last status {seen.get('status')}; log:\n{second.log_tail(40)}") from None
         await asyncio.sleep(0.2)
         second.kill()
         assert await store.underreplication.get(lh.ledger_id) is not None, "finished before it was killed"

@@ -21,15 +21,19 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
     procs = bookies(3, metadata_uri=short_lease_uri, registration_ttl=2, entrylog_max_file_size="1KiB")
     victim = procs[0]
     store = await MetadataStore.connect(short_lease_uri)
-    bk = await BookKeeper.connect(short_lease_uri)
     try:
         written: dict[int, list[bytes]] = {}
         for _ in range(3):  # one ledger per entry log of the victim
-            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
-            payloads = [os.urandom(500) for _ in range(300)]
-            await asyncio.gather(*(lh.add_entry_async(p) for p in payloads))
-            await lh.close()
+            # a client per ledger: one that kept its connection to the victim from before the restart
+            # may find it broken at the first add, and with no spare bookie its entries, acked by the
+            # other two, would never reach the victim
+            async with await BookKeeper.connect(short_lease_uri) as bk:
+                lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
+                payloads = [os.urandom(500) for _ in range(300)]
+                await asyncio.gather(*(lh.add_entry_async(p) for p in payloads))
+                await lh.close()
             written[lh.ledger_id] = payloads
+            await eventually(lambda: _holds(victim, lh.ledger_id, [(0, 299)]), 10, what="the victim to hold the ledger")
             await asyncio.to_thread(victim.restart)
         flipped, cut, deleted = written
         await asyncio.to_thread(victim.stop)
@@ -68,9 +72,13 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
         await eventually(lambda: _no_markers(store), 120, what="autorecovery to repair the scrubbed ledgers")
         await assert_fully_replicated(store, {p.bookie_id: p.address for p in procs}, written)
     finally:
-        await bk.close()
         await store.close()
 
 
 async def _no_markers(store) -> bool:
     return not await store.underreplication.count()
+
+
+async def _holds(bookie, ledger_id: int, ranges: list) -> bool:
+    async with await BookieClient.connect(bookie.address) as c:
+        return await c.list_entries(ledger_id) == ranges
