@@ -423,13 +423,27 @@ async def idle_connections(address: str, connections: int = 20_000, seconds: flo
     for first in range(0, attempted, 1000):
         await asyncio.gather(*(one(i) for i in range(first, min(first + 1000, attempted))))
     opened_in = time.monotonic() - started
-    await asyncio.sleep(max(0.0, seconds - opened_in))
+    await hold(max(0.0, seconds - opened_in))
     closed = sum(map(_closed_by_peer, socks))
     for s in socks:
         s.close()
     return {"nofile": nofile, "attempted": attempted, "connected": len(socks), "failed": sum(failed.values()),
             "failures": failed,
             "refused": reset + closed, "held": len(socks) - closed, "opened_in_s": round(opened_in, 1), "goaway": None}
+
+
+async def hold(seconds: float) -> None:
+    """Wait `seconds`, or less once standard input ends: the test closes it when it has seen what
+    it came for, so an attack is held no longer than it is watched."""
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    try:
+        await asyncio.wait_for(stdin.read(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        transport.close()
 
 
 def _closed_by_peer(s: socket.socket) -> bool:

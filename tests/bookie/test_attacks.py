@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from security.security_helpers import make_pki
 HOSTILE = Path(__file__).parents[1] / "hostile.py"
 MB = 1000 * 1000
 ENHANCE_YOUR_CALM = 0xB
+FAVOURED = -10  # nice of the bookie and the writer while attacked
 STALL_BOUND = 0.2   # seconds (see the module's notes); a bucket of pybk_event_loop_lag_seconds
 LAG = "pybk_event_loop_lag_seconds"
 ROWS: list[dict] = []
@@ -73,11 +75,20 @@ class Writer:
         await self._task
 
 
-async def attack(name: str, address: str, **options) -> dict:
+async def attack(name: str, address: str, released: asyncio.Event | None = None, **options) -> dict:
+    """Run attack `name` in its own process; its JSON result. An attack that holds what it opened
+    (idle_connections) lets go early once `released` is set."""
     flags = [f"--{k}" if v is True else f"--{k}={v}" for k, v in options.items() if v is not False]
     argv = [sys.executable, str(HOSTILE), name, address, *flags]
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 150)
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    release = asyncio.ensure_future((released or asyncio.Event()).wait())
+    release.add_done_callback(lambda _: proc.stdin.close())
+    try:
+        out, err = await asyncio.wait_for(asyncio.gather(proc.stdout.read(), proc.stderr.read()), 150)
+        await proc.wait()
+    finally:
+        release.cancel()
     assert proc.returncode == 0, err.decode()[-2000:]
     return json.loads(out.decode().strip().splitlines()[-1])
 
@@ -97,6 +108,27 @@ async def sample(bookie: BookieProcess, name: str) -> float:
     return (await scrape(bookie)).get(name, 0.0)
 
 
+@contextlib.contextmanager
+def favoured(*pids: int):
+    """Run the bookie and the writer (this process) at a higher priority than the rest of the
+    machine while attacked: the figures are of what an attack costs the bookie, and other tests'
+    processes sharing these cores are no part of it (the attacker runs below them, at nice
+    hostile.NICE). Needs root; elsewhere the priorities stay as they are."""
+    threads = [int(t) for pid in (os.getpid(), *pids) for t in os.listdir(f"/proc/{pid}/task")]
+    before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in threads}  # Linux: a nice per thread
+    try:
+        for tid in before:
+            os.setpriority(os.PRIO_PROCESS, tid, FAVOURED)
+    except PermissionError:
+        pass
+    try:
+        yield
+    finally:
+        for pid, nice in before.items():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
 @contextlib.asynccontextmanager
 async def attacked(bookie: BookieProcess, metadata_uri: str, security=None):
     """(bookie, writer, store): the writer adding to `bookie`, the metadata to watch its registration."""
@@ -105,7 +137,8 @@ async def attacked(bookie: BookieProcess, metadata_uri: str, security=None):
     writer = Writer(bk)
     await writer.start()
     try:
-        yield bookie, writer, store
+        with favoured(bookie.pid):
+            yield bookie, writer, store
     finally:
         await writer.stop()
         await bk.close()
@@ -161,7 +194,14 @@ async def withstands(target, name: str, during: Callable[[], Awaitable[dict]] | 
         if during is None:
             result = await attack(name, bookie.address, **options)
         else:
-            result, seen = await asyncio.gather(attack(name, bookie.address, **options), during())
+            released = asyncio.Event()
+
+            async def watched() -> dict:
+                try:
+                    return await during()
+                finally:
+                    released.set()
+            result, seen = await asyncio.gather(attack(name, bookie.address, released, **options), watched())
     finally:
         stop.set()
         await watcher
