@@ -21,7 +21,7 @@ from pybk.entry import DigestType, password_hash
 from pybk.security.roles import Operation, allowed
 
 from . import failpoints
-from .errors import CursorError, InvalidLogConfigError, LogInUseError, LogNotFoundError
+from .errors import CursorError, InvalidLogConfigError, LogInUseError, LogNotFoundError, LogTruncatedError
 from .layout import Cursor, Head, LogState, Segment, SegmentState, ledger_owner, orphan_reason, truncation_prefix
 from .meta import LogMeta
 from .options import LogConfig, WriterOptions, check_name
@@ -161,6 +161,9 @@ class Logs:
             position = start
         else:
             raise InvalidLogConfigError(f"start must be an offset >= 0, 'earliest' or 'latest', not {start!r}")
+        head = await self.meta.head(ref.log_id)
+        if head is not None and position < head.start_offset:
+            raise LogTruncatedError(name, position, head.start_offset)
         if end == "latest":
             end = await end_offset(self, ref, pw)
         return LogReader(self, ref, position, end, pw)

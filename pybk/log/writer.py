@@ -23,7 +23,7 @@ from pybk.client.errors import BKError, LedgerClosedError, LedgerFencedError
 
 from . import codec, failpoints
 from .dedup import Dedup, Duplicate, Forgotten
-from .errors import DuplicateSequenceError, InvalidLogConfigError, LogClosedError, LogFencedError
+from .errors import DuplicateSequenceError, InvalidLogConfigError, LogClosedError, LogError, LogFencedError
 from .layout import (Conflict, Head, LogState, Segment, SegmentState, SegmentSummary, after_head_conflict,
                      ledger_custom, open_next, seal, take_over)
 from .options import WriterOptions
@@ -492,10 +492,19 @@ class LogWriter:
         new = _Seg(old.seq + 1, self._next_offset, next_lh, committed=False, created=time.monotonic())
         self._seg, self._index = new, 0
         self.rolls += 1
-        await old.lh.close()
-        await failpoints.hit("roll.after_close")
-        summary = SegmentSummary(old.records, old.bytes, old.min_ts, old.max_ts, old.lh.last_add_confirmed)
-        await self._commit([replace(seal(old.stored, summary), dedup=snapshot)], new, snapshot)
+        try:
+            await old.lh.close()
+            await failpoints.hit("roll.after_close")
+            summary = SegmentSummary(old.records, old.bytes, old.min_ts, old.max_ts, old.lh.last_add_confirmed)
+            await self._commit([replace(seal(old.stored, summary), dedup=snapshot)], new, snapshot)
+        except BaseException as e:
+            if not new.committed:
+                if isinstance(e, LogError):
+                    self._fail(e)
+                else:
+                    self._broken(e)
+                await _discard(self._logs, new.lh, self._password)   # never committed: nobody reads it
+            raise
         await failpoints.hit("roll.after_commit")
         self._prepare_next()
 
