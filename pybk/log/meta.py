@@ -11,7 +11,7 @@ from pybk.meta import MetadataStore
 from pybk.meta.etcd import cmp_create, cmp_mod, op_delete, op_get, op_put, prefix_end
 
 from .errors import LogExistsError, LogNotFoundError
-from .layout import Cursor, Head, Keys, Segment
+from .layout import Cursor, Head, Keys, LogState, Segment
 from .options import LogConfig
 
 
@@ -110,6 +110,18 @@ class LogMeta:
             return True, None, resp.header.revision
         kvs = resp.responses[0].response_range.kvs
         return False, (Head.from_bytes(kvs[0].value, kvs[0].mod_revision) if kvs else None), resp.header.revision
+
+    async def renew_writer(self, log_id: int, epoch: int, writer: str, lease: int) -> bool:
+        """Put the writer key again on a new session lease, if the head still names `epoch`."""
+        while True:
+            head = await self.head(log_id)
+            if head is None or head.epoch != epoch or head.state is not LogState.ACTIVE:
+                return False
+            resp = await self.etcd.txn([cmp_mod(self.keys.head(log_id), head.version)],
+                                       [op_put(self.keys.writer(log_id), writer.encode(), lease)],
+                                       what=f"renew writer of log {log_id}")
+            if resp.succeeded:
+                return True
 
     async def writer_key(self, log_id: int):
         """The live writer key (its KeyValue: value = writer name, lease) or None."""

@@ -220,6 +220,14 @@ class LogWriter:
         r = ref.config.rollover
         checks = [t for t in (r.max_age, r.max_idle) if t is not None]
         self._timer = asyncio.ensure_future(self._watch_time(min(checks))) if checks else None
+        logs.bk.store.session.on_new_lease(self._renew_writer_key)
+
+    async def _renew_writer_key(self, lease: int) -> None:
+        """The session lease was lost and replaced: the writer key (what says a live writer has the
+        log, so it is not deleted) goes on the new lease, while this writer still owns the log."""
+        if not self._closed and self._error is None:
+            self._lease = lease
+            await self._logs.meta.renew_writer(self._ref.log_id, self.epoch, self.options.name, lease)
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -572,6 +580,7 @@ class LogWriter:
                 await self._commit([replace(seal(seg.stored, summary), dedup=self._dedup.snapshot())], None, b"")
         finally:
             self._closed = True
+            self._logs.bk.store.session.remove_on_new_lease(self._renew_writer_key)
             if self._timer is not None:
                 self._timer.cancel()
             if self._next is not None:
@@ -590,6 +599,7 @@ class LogWriter:
     def abandon(self) -> None:
         """Stop without touching metadata, as a crash would (tests; a closing client)."""
         self._closed = True
+        self._logs.bk.store.session.remove_on_new_lease(self._renew_writer_key)
         self._fail(LogClosedError(f"the writer of log {self.name!r} was abandoned"))
         for t in (self._timer, self._rolling, self._failing):
             if t is not None:

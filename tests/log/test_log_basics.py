@@ -10,7 +10,7 @@ from polling import eventually
 
 from pybk.client import BookKeeper, UnauthorizedError
 from pybk.log import (CursorError, LogConfig, LogExistsError, LogInUseError, LogNotFoundError, Logs,
-                      LogTruncatedError, Rollover, SegmentState, WriterOptions)
+                      LogTruncatedError, Retention, RetentionPolicy, Rollover, SegmentState, WriterOptions)
 
 PW = b"log-password"
 SMALL = LogConfig(rollover=Rollover(max_records=10))   # a segment per 10 records (at entry boundaries)
@@ -268,3 +268,41 @@ async def test_truncate_deletes_only_a_prefix_of_closed_segments(cluster):
         recs = await read_all(logs, "trunc")
         assert [(r.offset, r.payload) for r in recs] == [(i, body(i)) for i in range(after.start_offset, 35)]
         await w.close()
+
+
+async def test_an_idle_segment_is_rolled_so_retention_by_age_can_delete_it(cluster):
+    uri, _ = cluster
+    cfg = LogConfig(rollover=Rollover(max_records=10, max_idle=0.3),
+                    retention=Retention(RetentionPolicy.LIMITS, max_age=3600))
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+        await logs.create("aged", cfg, password=PW)
+        async with await logs.open_writer("aged", password=PW, options=WriterOptions(batch_bytes=40)) as w:
+            for i in range(25):
+                await w.append(body(i), timestamp=1000 + i)      # from 1970: older than an hour
+
+            async def last_record_sealed():
+                segs = (await logs.describe("aged")).segments
+                return [s for s in segs if s.state is SegmentState.CLOSED and s.end_offset == 25]
+            await eventually(last_record_sealed, timeout=20, what="the idle segment rolled")
+            assert await logs.enforce_retention("aged", password=PW) == 25
+            assert await w.append(body(25)) == 25
+        assert [r.offset for r in await read_all(logs, "aged")] == [25]
+
+
+async def test_interest_retention_keeps_what_the_lowest_cursor_still_needs(cluster):
+    uri, _ = cluster
+    cfg = LogConfig(rollover=Rollover(max_records=10), retention=Retention(RetentionPolicy.INTEREST))
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+        await logs.create("i", cfg, password=PW)
+        async with await logs.open_writer("i", password=PW, options=WriterOptions(batch_bytes=40)) as w:
+            for i in range(35):
+                await w.append(body(i))
+        assert await logs.enforce_retention("i", password=PW) is None     # no cursor: nothing goes
+        await logs.commit("i", "slow", 15)
+        await logs.commit("i", "fast", 35)
+        assert await logs.enforce_retention("i", password=PW) == 10
+        assert [r.offset for r in await read_all(logs, "i")] == list(range(10, 35))
+        async with await logs.open_reader("i", cursor="slow", end="latest") as r:
+            assert [rec.payload async for rec in r] == [body(i) for i in range(15, 35)]
