@@ -465,7 +465,7 @@ class LogWriter:
 
     async def roll(self) -> None:
         """Roll now (if the segment holds records): close it and continue in the next one."""
-        if self._rolling is not None:
+        while self._rolling is not None:
             await asyncio.shield(self._rolling)
         if self._seg.records and self._error is None:
             self._rolling = asyncio.ensure_future(self._roll())
