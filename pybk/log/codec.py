@@ -159,13 +159,15 @@ class BatchBuilder:
         self.max_ts = timestamp if timestamp > self.max_ts else self.max_ts
         self.size += RECORD_HEADER_SIZE + len(payload) + (len(key) if key is not None else 0)
 
-    def add_many(self, payloads: list[bytes], timestamp: int) -> None:
-        """Keyless records all stamped `timestamp` (append_many's fast path)."""
+    def add_many(self, payloads: list[bytes], timestamp: int, lengths: np.ndarray | None = None) -> None:
+        """Keyless records all stamped `timestamp` (append_many's fast path); `lengths`: their
+        payloads' lengths, when the caller has them already."""
         n = len(payloads)
         heads = np.empty(n, RECORD_DTYPE)
         heads["ts"] = timestamp
         heads["klen"] = -1
-        lengths = np.fromiter(map(len, payloads), np.int64, n)
+        if lengths is None:
+            lengths = np.fromiter(map(len, payloads), np.int64, n)
         heads["plen"] = lengths
         self.heads += heads.tobytes()
         self.data += b"".join(payloads)

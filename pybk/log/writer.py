@@ -19,6 +19,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable
 
+import numpy as np
+
 from pybk.client.errors import BKError, LedgerClosedError, LedgerFencedError
 
 from . import codec, failpoints
@@ -335,22 +337,24 @@ class LogWriter:
         pid = self._producer
         limit = self.options.batch_bytes
         acks = []
-        i, n = 0, len(payloads)
+        n = len(payloads)
+        lengths = np.fromiter(map(len, payloads), np.int64, n)
+        ends = np.cumsum(lengths + codec.RECORD_HEADER_SIZE)   # bytes of records 0..i, headers included
+        i = 0
         while i < n:
             b = self._batch
             if b is None:
                 b = self._start_batch(self._dedup.next_sequence(pid) if pid else codec.NO_SEQUENCE)
-            room, j = limit - b.builder.size, i
-            while j < n and (room > 0 or j == i):
-                room -= len(payloads[j]) + codec.RECORD_HEADER_SIZE
-                j += 1
-            b.builder.add_many(payloads[i:j], ts)
+            before = int(ends[i - 1]) if i else 0
+            # records i..j-1 fill the entry up to the limit (at least one record per entry)
+            j = max(i + 1, int(np.searchsorted(ends, before + limit - b.builder.size, side="right")))
+            b.builder.add_many(payloads[i:j], ts, lengths[i:j])
             if pid:
                 self._dedup.record(pid, b.first_seq + b.builder.count - (j - i), j - i, self._next_offset, ts, b.done)
             self._next_offset += j - i
             self._index += j - i
             acks.append(b.done)
-            if b.builder.size >= limit:
+            if j < n or b.builder.size >= limit:   # full: the next record would not fit
                 self._flush()
             i = j
         await asyncio.gather(*dict.fromkeys(acks))
