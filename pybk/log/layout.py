@@ -119,7 +119,8 @@ class Segment:
     max_ts: int = -1
     last_entry: int = -1        # the ledger's last entry, once CLOSED
     created_ms: int = 0
-    dedup: bytes = b""          # idempotent producers' state when it opened (pybk.log.dedup)
+    dedup: bytes = b""          # idempotent producers' last sequences: as of its end once CLOSED, of its start while OPEN
+    producer: int = 0           # its writer's producer id (0: none, so its entries carry no sequences)
     version: int = 0
 
     @property
@@ -183,11 +184,12 @@ def seal(segment: Segment, summary: SegmentSummary) -> Segment:
 
 
 def open_next(head: Head, epoch: int, ledger_id: int, first_offset: int, now_ms: int,
-              dedup: bytes = b"") -> tuple[Head, Segment]:
+              dedup: bytes = b"", producer: int = 0) -> tuple[Head, Segment]:
     """The head and the new OPEN segment after the writer of `epoch` opens segment last_seq + 1."""
     seq = head.last_seq + 1
     return (replace(head, last_seq=seq),
-            Segment(seq, ledger_id, SegmentState.OPEN, epoch, first_offset, created_ms=now_ms, dedup=dedup))
+            Segment(seq, ledger_id, SegmentState.OPEN, epoch, first_offset, created_ms=now_ms, dedup=dedup,
+                    producer=producer))
 
 
 class Conflict(enum.Enum):

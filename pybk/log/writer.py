@@ -160,7 +160,8 @@ async def open_writer(logs: "Logs", ref: "LogRef", password: bytes, options: Wri
         if last is not None:
             if last.state is SegmentState.OPEN:
                 rh = await logs.bk.open_ledger(last.ledger_id, password, recovery=True)
-                summary = await summarize(rh, last.first_offset, dedup)
+                # only an idempotent writer's entries carry sequences: else the first and last entry say all
+                summary = await summarize(rh, last.first_offset, dedup if last.producer else None)
                 last = seal(last, summary)
                 last = replace(last, dedup=dedup.snapshot())
                 sealed.append(last)
@@ -176,7 +177,8 @@ async def open_writer(logs: "Logs", ref: "LogRef", password: bytes, options: Wri
     await failpoints.hit("open.after_create")
     created = time.monotonic()
     while True:
-        new_head, seg = open_next(head, epoch, lh.ledger_id, next_offset, now_ms(), dedup.snapshot())
+        new_head, seg = open_next(head, epoch, lh.ledger_id, next_offset, now_ms(), dedup.snapshot(),
+                                  options.producer_id or 0)
         ok, now, rev = await meta.commit(ref.log_id, head, new_head, sealed + [seg])
         if ok:
             break
@@ -527,7 +529,8 @@ class LogWriter:
         while True:
             put, new_head, seg = list(sealed), None, None
             if new is not None:
-                new_head, seg = open_next(head, self.epoch, new.lh.ledger_id, new.first_offset, now_ms(), snapshot)
+                new_head, seg = open_next(head, self.epoch, new.lh.ledger_id, new.first_offset, now_ms(), snapshot,
+                                          self._producer)
                 put.append(seg)
             ok, now, rev = await meta.commit(self._ref.log_id, head, new_head, put)
             if ok:
