@@ -106,12 +106,6 @@ class Dedup:
             del self.producers[pid]
         return len(old)
 
-    def settle(self) -> None:
-        """Drop the acks of runs (they are stored now): a snapshot or a takeover keeps none."""
-        for p in self.producers.values():
-            for r in p.runs:
-                r.ack = None
-
     def snapshot(self) -> bytes:
         """Each producer's last sequence, its offset and timestamp, least recently active first."""
         out = bytearray()

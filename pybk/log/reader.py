@@ -64,8 +64,8 @@ class SegmentView:
             try:
                 self._learn(await ledger_reader.read_lac(self.logs.bk, self.md))
             except BookieUnavailableError as e:
-                log.info("segment %d of log #%d: LAC not readable now: %s", self.segment.seq,
-                         self.logs and self.segment.ledger_id, e)
+                log.info("segment %d (ledger %d): LAC not readable now: %s", self.segment.seq,
+                         self.segment.ledger_id, e)
         return self.lac
 
     def _learn(self, lac: int) -> int:

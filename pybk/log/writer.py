@@ -167,6 +167,7 @@ async def open_writer(logs: "Logs", ref: "LogRef", password: bytes, options: Wri
                 sealed.append(last)
                 await failpoints.hit("open.after_recover")
             next_offset, last_ts = last.end_offset, last.max_ts
+            dedup.expire(last_ts)
         lh = await creating
     except BaseException:
         if not creating.done():
@@ -502,6 +503,7 @@ class LogWriter:
         # the switch: no await between the last entry of the old segment and the first of the new
         self._flush()
         old = self._seg
+        self._dedup.expire(self._last_ts)
         snapshot = self._dedup.snapshot()
         new = _Seg(old.seq + 1, self._next_offset, next_lh, committed=False, created=time.monotonic())
         self._seg, self._index = new, 0

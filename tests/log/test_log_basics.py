@@ -8,7 +8,7 @@ import time
 import pytest
 from polling import eventually
 
-from pybk.client import BookKeeper, UnauthorizedError
+from pybk.client import BookKeeper, DigestType, UnauthorizedError
 from pybk.log import (CursorError, LogConfig, LogExistsError, LogInUseError, LogNotFoundError, Logs,
                       LogTruncatedError, Retention, RetentionPolicy, Rollover, SegmentState, WriterOptions)
 
@@ -309,3 +309,19 @@ async def test_interest_retention_keeps_what_the_lowest_cursor_still_needs(clust
         assert [r.offset for r in await read_all(logs, "i")] == list(range(10, 35))
         async with await logs.open_reader("i", cursor="slow", end="latest") as r:
             assert [rec.payload async for rec in r] == [body(i) for i in range(15, 35)]
+
+
+async def test_readers_need_no_password_unless_the_log_is_mac_signed(cluster):
+    uri, _ = cluster
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+        await logs.create("crc", password=PW)
+        await logs.create("mac", LogConfig(digest=DigestType.MAC), password=PW)
+        for name in ("crc", "mac"):
+            async with await logs.open_writer(name, password=PW) as w:
+                await w.append(name.encode())
+        assert [r.payload for r in await read_all(logs, "crc")] == [b"crc"]
+        with pytest.raises(UnauthorizedError, match="^reading the MAC-signed log 'mac' needs its password"):
+            await logs.open_reader("mac")
+        async with await logs.open_reader("mac", end="latest", password=PW) as r:
+            assert [rec.payload async for rec in r] == [b"mac"]
