@@ -87,14 +87,20 @@ class SegmentView:
                                                 self.md.ensemble_for(entry_id))
 
     async def entries(self, first: int, last: int) -> AsyncIterator[tuple[int, bytes]]:
-        """(entry id, body) for first..last, streamed."""
-        if self.md.fragments[-1].first_entry_id <= last and not self.md.is_closed:
-            self.md = await self.logs.bk.ledger_metadata(self.segment.ledger_id)
+        """(entry id, body) for first..last, streamed. The metadata is read again only when a read
+        fails (the writer may have replaced a bookie since), then the rest is read once more."""
         eid = first
-        async for chunk in ledger_reader.read_chunks(self.logs.bk, self.md, self.password, first, last):
-            for body in chunk.payloads():
-                yield eid, body
-                eid += 1
+        for attempt in range(2):
+            try:
+                async for chunk in ledger_reader.read_chunks(self.logs.bk, self.md, self.password, eid, last):
+                    for body in chunk.payloads():
+                        yield eid, body
+                        eid += 1
+                return
+            except (NoSuchEntryError, BookieUnavailableError):
+                if attempt:
+                    raise
+                self.md = await self.logs.bk.ledger_metadata(self.segment.ledger_id)
 
     async def entry_of_index(self, index: int) -> int:
         """The entry holding the record of segment-relative `index` (binary search of headers),

@@ -25,7 +25,8 @@ from pybk.client.errors import BKError, LedgerClosedError, LedgerFencedError
 
 from . import codec, failpoints
 from .dedup import Dedup, Duplicate, Forgotten
-from .errors import DuplicateSequenceError, InvalidLogConfigError, LogClosedError, LogError, LogFencedError
+from .errors import (DuplicateSequenceError, InvalidLogConfigError, LogClosedError, LogError, LogFencedError,
+                     LogNotFoundError)
 from .layout import (Conflict, Head, LogState, Segment, SegmentState, SegmentSummary, after_head_conflict,
                      ledger_custom, open_next, seal, take_over)
 from .options import WriterOptions
@@ -139,7 +140,6 @@ async def open_writer(logs: "Logs", ref: "LogRef", password: bytes, options: Wri
     head = await meta.head(ref.log_id)
     while True:
         if head is None or head.state is not LogState.ACTIVE:
-            from .errors import LogNotFoundError
             raise LogNotFoundError(ref.name)
         mine = take_over(head, options.name)
         ok, now, rev = await meta.put_head(ref.log_id, mine, lease=lease, writer=options.name)
