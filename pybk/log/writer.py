@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybk.log")
 
 
+ROLL_RETRY = 1.0     # seconds before a roll that could not make its ledger is tried again
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -89,6 +92,14 @@ class PendingAppend:
 
     def done(self) -> bool:
         return self._ack.done()
+
+    def add_done_callback(self, fn) -> None:
+        """Call `fn(self)` once the append is acknowledged or failed (then `await` it for which)."""
+        self._ack.add_done_callback(lambda _: fn(self))
+
+    def exception(self) -> BaseException | None:
+        """What failed the append (None if acknowledged); only once done()."""
+        return self._ack.exception()
 
 
 async def summarize(lh, first_offset: int, dedup: Dedup | None) -> SegmentSummary:
@@ -222,6 +233,7 @@ class LogWriter:
         self._loop = asyncio.get_running_loop()
         self._producer = options.producer_id or 0
         self.rolls = 0
+        self._roll_after = 0.0                # no roll before (monotonic time): the last one could not start
         r = ref.config.rollover
         checks = [t for t in (r.max_age, r.max_idle) if t is not None]
         self._timer = asyncio.ensure_future(self._watch_time(min(checks))) if checks else None
@@ -459,7 +471,7 @@ class LogWriter:
 
     def _due(self, now: float) -> bool:
         r, seg = self._ref.config.rollover, self._seg
-        if seg.records == 0:
+        if seg.records == 0 or now < self._roll_after:
             return False
         return ((r.max_bytes is not None and seg.bytes >= r.max_bytes)
                 or (r.max_records is not None and seg.records >= r.max_records)
@@ -495,7 +507,14 @@ class LogWriter:
 
     async def _roll_steps(self) -> None:
         self._prepare_next()
-        next_lh = await self._next
+        try:
+            next_lh = await self._next
+        except Exception as e:   # no next ledger (too few bookies, etcd away): append on here, try again later
+            self._next = None
+            self._roll_after = time.monotonic() + ROLL_RETRY
+            log.warning("log %s: could not make the next segment's ledger (%s); segment %d goes on, rolling "
+                        "again in %.0f s", self.name, e, self._seg.seq, ROLL_RETRY)
+            return
         self._next = None
         if self._error is not None:
             await _discard(self._logs, next_lh, self._password)

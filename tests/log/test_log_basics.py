@@ -125,10 +125,17 @@ async def test_takeover_fences_the_old_writer(cluster):
         await logs1.create("t", password=PW)
         old = await logs1.open_writer("t", password=PW, options=WriterOptions(batch_bytes=200))
         pending = []
+        loop = asyncio.get_running_loop()
+        acked_at = []
+
+        def note(p):
+            if p.exception() is None:
+                acked_at.append(loop.time())
 
         async def keep_appending():
             while True:
                 pending.append(old.append_nowait(body(len(pending))))
+                pending[-1].add_done_callback(note)
                 if len(pending) % 100 == 0:
                     try:
                         await pending[-100]
@@ -138,7 +145,9 @@ async def test_takeover_fences_the_old_writer(cluster):
         appending = asyncio.ensure_future(keep_appending())
         await eventually(lambda: len(pending) > 500, timeout=20, interval=0.01, what="appends under way")
         new = await logs2.open_writer("t", password=PW)
+        registered = loop.time()
         await asyncio.wait_for(appending, 30)
+        assert max(acked_at) <= registered, "the old writer got an ack after the new epoch was registered"
         assert new.epoch == old.epoch + 1
         results = await asyncio.gather(*pending, return_exceptions=True)
         acked = [r for r in results if isinstance(r, int)]
@@ -325,3 +334,32 @@ async def test_readers_need_no_password_unless_the_log_is_mac_signed(cluster):
             await logs.open_reader("mac")
         async with await logs.open_reader("mac", end="latest", password=PW) as r:
             assert [rec.payload async for rec in r] == [b"mac"]
+
+
+async def test_acknowledged_records_survive_a_bookie_killed_under_load(cluster):
+    """E3 Qw3 Qa2: with one of the three bookies killed -9 mid-stream, appends go on (degraded:
+    every write quorum keeps two), rolls wait since no new ledger of three bookies can be made, and
+    every acknowledged record reads back at its offset."""
+    uri, procs = cluster
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+        await logs.create("b", SMALL, password=PW)
+        acked: dict[int, bytes] = {}
+        async with await logs.open_writer("b", password=PW, options=WriterOptions(batch_bytes=500)) as w:
+            for i in range(300):
+                p = w.append_nowait(body(i))
+                if i == 100:
+                    await p
+                    procs[0].kill()
+
+                    async def two_left():
+                        return len(await bk.store.registry.writable()) == 2
+                    await eventually(two_left, timeout=30, what="the killed bookie unregistered")
+                if i % 25 == 24:
+                    await p
+                acked[p.offset] = body(i)
+            await w.flush()
+            rolls = w.rolls
+        assert rolls >= 1
+        recs = await read_all(logs, "b")
+        assert {r.offset: r.payload for r in recs} == acked and len(recs) == 300
