@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybk.log")
 
 LONG_POLL = 10.0     # seconds one LAC long-poll waits at most (then the metadata is looked at again)
+POLL_RETRY = 0.5     # seconds before a long-poll no bookie answered is tried again
 
 
 class SegmentView:
@@ -324,8 +325,10 @@ class LogReader:
             for t in (poll, change):
                 if not t.done():
                     t.cancel()
-            if poll.done() and not poll.cancelled() and poll.exception() is not None:
-                log.info("log %s: LAC long-poll: %s", self.name, poll.exception())
+        failed = poll.done() and not poll.cancelled() and poll.exception() is not None
+        if failed:   # no bookie answers: look again after a pause, or at once when the segment changes
+            log.info("log %s: LAC long-poll: %s", self.name, poll.exception())
+            await self._wait_change(POLL_RETRY)
         if change.done() or view.lac == lac:
             self._changed.clear()
             seg = await self._segment(view.segment.seq)
@@ -336,6 +339,8 @@ class LogReader:
                 await view.refresh_lac()
 
     async def _wait_change(self, timeout: float | None = LONG_POLL) -> None:
+        """Until a segment key changes (a roll, a takeover, a truncation), or `timeout`."""
+        await self._start_watch()
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
