@@ -18,6 +18,10 @@ import base64
 import enum
 import json
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .options import LogConfig
 
 LEDGER_LOG = "pybk.log.id"
 LEDGER_SEQ = "pybk.log.seq"
@@ -157,6 +161,17 @@ class Cursor:
     @classmethod
     def from_bytes(cls, name: str, data: bytes, version: int = 0) -> "Cursor":
         return cls(name, json.loads(data)["offset"], version)
+
+
+def config_bytes(name: str, config: "LogConfig", password_hash: bytes) -> bytes:
+    """The stored `config` value: the log's name, configuration and password check hash."""
+    return _dumps({"config": config.to_json(), "password_hash": password_hash.hex(), "name": name})
+
+
+def config_from_bytes(data: bytes) -> tuple["LogConfig", bytes]:
+    from .options import LogConfig
+    d = json.loads(data)
+    return LogConfig.from_json(d["config"]), bytes.fromhex(d["password_hash"])
 
 
 # ---- transitions (pure) ---------------------------------------------------------------------

@@ -2,7 +2,6 @@
 Every structural change is one transaction guarded by a compare on the values it was decided from."""
 from __future__ import annotations
 
-import json
 from typing import AsyncIterator
 
 from aetcd import rpc
@@ -11,7 +10,7 @@ from pybk.meta import MetadataStore
 from pybk.meta.etcd import cmp_create, cmp_mod, op_delete, op_get, op_put, prefix_end
 
 from .errors import LogExistsError, LogNotFoundError
-from .layout import Cursor, Head, Keys, LogState, Segment
+from .layout import Cursor, Head, Keys, LogState, Segment, config_bytes, config_from_bytes
 from .options import LogConfig
 
 
@@ -30,8 +29,7 @@ class LogMeta:
         LogExistsError if the name is taken."""
         log_id = await self.store.ledgers.allocate_id()
         k = self.keys
-        cfg = json.dumps({"config": config.to_json(), "password_hash": password_hash.hex(), "name": name},
-                         separators=(",", ":")).encode()
+        cfg = config_bytes(name, config, password_hash)
         resp = await self.etcd.txn([cmp_create(k.name(name), 0)],
                                    [op_put(k.name(name), b"%d" % log_id), op_put(k.config(log_id), cfg),
                                     op_put(k.head(log_id), Head().to_bytes())],
@@ -63,8 +61,7 @@ class LogMeta:
         kv = await self.etcd.get(self.keys.config(log_id))
         if kv is None:
             raise LogNotFoundError(f"#{log_id}")
-        d = json.loads(kv.value)
-        return LogConfig.from_json(d["config"]), bytes.fromhex(d["password_hash"])
+        return config_from_bytes(kv.value)
 
     # ---- head ---------------------------------------------------------------------------
 
