@@ -1,0 +1,56 @@
+"""The record entry codec: what goes in comes out, and hostile bytes give a clear, bounded error."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from pybk.log import codec
+from pybk.log.errors import CorruptEntryError
+
+
+def test_records_come_back_with_offsets_keys_timestamps_and_payloads():
+    recs = [(b"a" * i, (b"k%d" % i) if i % 2 else None, 1000 + i) for i in range(50)]
+    body = codec.encode(recs, first_index=7, producer_id=9, first_sequence=100)
+    batch = codec.decode(body)
+    assert batch.header == codec.EntryHeader(50, 7, 1049, 9, 100)
+    out = list(batch.records(first_offset=1000))
+    assert [(r.payload, r.key, r.timestamp) for r in out] == recs
+    assert [r.offset for r in out] == list(range(1000, 1050))
+    assert [r.offset for r in batch.records(1000, start=48)] == [1048, 1049]
+
+
+def test_empty_payloads_and_empty_keys_are_kept_apart_from_no_key():
+    body = codec.encode([(b"", b"", 1), (b"", None, 2), (b"x", b"", 3)], 0)
+    assert [(r.key, r.payload) for r in codec.decode(body).records(0)] == [(b"", b""), (None, b""), (b"", b"x")]
+
+
+def test_add_many_packs_like_one_at_a_time():
+    b = codec.BatchBuilder()
+    b.add_many([b"x", b"yy", b""], 5)
+    assert b.build(0) == codec.encode([(b"x", None, 5), (b"yy", None, 5), (b"", None, 5)], 0)
+    assert b.size == len(b.build(0))
+
+
+def test_first_at_or_after_finds_the_first_record_at_a_timestamp():
+    batch = codec.decode(codec.encode([(b"", None, t) for t in (10, 20, 20, 30)], 0))
+    assert [batch.first_at_or_after(t) for t in (5, 10, 11, 20, 21, 30, 31)] == [0, 0, 1, 1, 3, 3, 4]
+
+
+GOOD = codec.encode([(b"payload", b"key", 1), (b"p2", None, 2)], 0)
+
+
+@pytest.mark.parametrize("body, cause", [
+    (b"", "shorter than a record entry header"),
+    (GOOD[:39], "shorter than a record entry header"),
+    (b"XX" + GOOD[2:], "does not start with a record entry header"),
+    (GOOD[:4] + struct.pack(">I", 0) + GOOD[8:], "holds no records"),
+    (GOOD[:4] + struct.pack(">I", 2**32 - 1) + GOOD[8:], "claims 4294967295 records"),
+    (GOOD[:-1], "claim 12 bytes of keys and payloads but 11 follow"),
+    (GOOD + b"!", "claim 12 bytes of keys and payloads but 13 follow"),
+    (GOOD[:48] + struct.pack(">i", -5) + GOOD[52:], "negative key length"),
+    (GOOD[:52] + struct.pack(">I", 2**32 - 1) + GOOD[56:], "claim 4294967300 bytes"),
+])
+def test_hostile_entries_give_an_error_naming_the_cause(body, cause):
+    with pytest.raises(CorruptEntryError, match=cause):
+        codec.decode(body)
