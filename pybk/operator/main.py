@@ -62,7 +62,7 @@ def _check(path: str, output: str) -> int:
 async def _operate(cfg: Mapping[str, Any]) -> None:
     import kopf
 
-    from . import handlers
+    from . import handlers, log_handlers  # noqa: F401 - importing registers the handlers with kopf
     from .kube import Kube
 
     handlers.CONTEXT = handlers.OperatorContext(kube=await Kube.connect(),
