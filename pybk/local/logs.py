@@ -1,7 +1,8 @@
 """`pybk local apply -f` for BookieLog manifests: the local platform's side of the log controller.
 
-The same manifest the operator runs: the local platform reads the password from a Secret document
-in the same file (or from DIR/secrets/<secret>/<key>, as a mounted Secret), remembers the log each
+The same manifest the operator runs: the local platform keeps Secret manifests it is given under
+DIR/secrets/<secret>/<key> (as a pod would see them mounted) and reads the log's password there,
+remembers the log each
 resource created or adopted in DIR/logs.json (the operator keeps it in status.logId), and carries
 the controller's actions out directly with a client of the running local cluster.
 """
@@ -47,22 +48,53 @@ def has_cluster(path: str | Path) -> bool:
     return any(d.get("kind") == "BookieCluster" for d in documents(path))
 
 
-def password_of(spec: BookieLogSpec, docs: list[dict[str, Any]], data_dir: Path) -> tuple[SecretState, bytes | None]:
-    """The password from a Secret document of the manifest (data or stringData), else from the file
-    DIR/secrets/<name>/<key>."""
+def has_secrets(path: str | Path) -> bool:
+    return any(d.get("kind") == "Secret" for d in documents(path))
+
+
+def secret_path(data_dir: Path, name: str, key: str) -> Path:
+    """Where the local platform keeps a Secret's key (as a pod would see it mounted)."""
+    return data_dir / "secrets" / name / key
+
+
+def store_secrets(path: str | Path, data_dir: Path) -> list[str]:
+    """Keep every Secret document of the manifest under DIR/secrets/<name>/<key> (directories 0700,
+    files 0600), as `kubectl apply` would store it; returns their names."""
+    import os
+
+    names = []
+    for d in documents(path):
+        if d.get("kind") != "Secret":
+            continue
+        name = (d.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise LocalClusterError(f"{path}: a Secret needs a metadata.name (a Kubernetes object name)")
+        values = {k: str(v).encode() for k, v in (d.get("stringData") or {}).items()}
+        values.update({k: base64.b64decode(v) for k, v in (d.get("data") or {}).items() if k not in values})
+        folder = data_dir / "secrets" / name
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(folder.parent, 0o700)
+        for key, value in values.items():
+            if "/" in key or key.startswith("."):
+                raise LocalClusterError(f"{path}: Secret {name!r} has a bad key {key!r}")
+            target = secret_path(data_dir, name, key)
+            fd = os.open(target.with_name(key + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            os.replace(target.with_name(key + ".tmp"), target)
+        names.append(name)
+    return names
+
+
+def password_of(spec: BookieLogSpec, data_dir: Path) -> tuple[SecretState, bytes | None]:
+    """The password from the Secret stored by an earlier (or this) `pybk local apply`."""
     ref = spec.password_secret
-    for d in docs:
-        meta = d.get("metadata") or {}
-        if d.get("kind") == "Secret" and meta.get("name") == ref.name:
-            if ref.key in (d.get("stringData") or {}):
-                return SecretState.PRESENT, str(d["stringData"][ref.key]).encode()
-            if ref.key in (d.get("data") or {}):
-                return SecretState.PRESENT, base64.b64decode(d["data"][ref.key])
-            return SecretState.KEY_MISSING, None
-    path = data_dir / "secrets" / ref.name / ref.key
-    if path.is_file():
-        return SecretState.PRESENT, path.read_bytes().rstrip(b"\n")
-    return SecretState.ABSENT, None
+    if not (data_dir / "secrets" / ref.name).is_dir():
+        return SecretState.ABSENT, None
+    path = secret_path(data_dir, ref.name, ref.key)
+    if not path.is_file():
+        return SecretState.KEY_MISSING, None
+    return SecretState.PRESENT, path.read_bytes()
 
 
 def _cluster_name(data_dir: Path) -> str | None:
@@ -117,7 +149,7 @@ def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
         except SpecError as e:
             raise LocalClusterError(f"{path}: {e}") from None
         key = f"{spec.namespace}/{spec.name}"
-        secret, password = password_of(spec, docs, data_dir)
+        secret, password = password_of(spec, data_dir)
         st, managed = asyncio.run(apply_one(spec, password, secret, data_dir, state.get(key)))
         if managed is not None:
             state[key] = managed

@@ -88,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "A BookieLog manifest creates, adopts or reconfigures its log and "
                                        "enforces its retention once, as the operator does.")
     apply.add_argument("-f", "--file", required=True, metavar="MANIFEST",
-                       help="BookieCluster or BookieLog manifest (YAML; a BookieLog's password Secret may be in "
-                            "the same file, else in DIR/secrets/<secret>/<key>)")
+                       help="BookieCluster, BookieLog or Secret manifest (YAML; Secrets are kept in "
+                            "DIR/secrets/<name>/<key>, where BookieLogs find their password)")
     common(apply)
     apply.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                        help="how long to wait for the change to finish (default %(default)s)")
@@ -274,7 +274,7 @@ def _status(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     from . import logs
 
-    if logs.has_logs(args.file):
+    if logs.has_logs(args.file) or logs.has_secrets(args.file):
         data_dir = Path(args.data_dir).resolve()
         if running_supervisor(data_dir) is None:
             raise LocalClusterError(f"no local cluster is running in {data_dir}; start one with "
@@ -283,6 +283,9 @@ def _apply(args: argparse.Namespace) -> int:
             code = _apply_cluster(args)
             if code:
                 return code
+        stored = logs.store_secrets(args.file, data_dir)
+        if stored and args.output == "text":
+            print(f"stored Secret {', '.join(stored)} in {data_dir / 'secrets'}")
         return logs.print_results(logs.apply_logs(args.file, data_dir), args.output)
     return _apply_cluster(args)
 

@@ -19,6 +19,7 @@ from pybk.log import Logs
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "cluster.yaml"
 EXAMPLE = ROOT / "examples" / "bookielog.yaml"
+SECRET = ROOT / "examples" / "bookielog-secret.yaml"
 PYBK = [sys.executable, "-m", "pybk.cli"]
 
 
@@ -42,14 +43,20 @@ async def describe(uri: str):
 
 
 def test_the_example_bookielog_applies_on_the_local_platform(tmp_path, child_processes):
-    """Slow: a local cluster of three bookies started and stopped (about 20 s) around four `pybk local
-    apply` processes (2-3 s each)."""
+    """Slow: a local cluster of three bookies started and stopped (about 20 s) around seven `pybk
+    local apply` processes (2-3 s each)."""
     data_dir = tmp_path / "local"
-    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
-    spec = BookieLogSpec.from_manifest(docs[1])
-    password = docs[0]["stringData"]["password"].encode()
+    log = yaml.safe_load(EXAMPLE.read_text())
+    spec = BookieLogSpec.from_manifest(log)
+    secret = yaml.safe_load(SECRET.read_text())
+    password = secret["stringData"]["password"].encode()
     with control.detached(CLUSTER, data_dir) as doc:
         uri = doc["metadata_service_uri"]
+        res = apply(EXAMPLE, data_dir)
+        assert res.returncode == 1 and "NOT READY (SecretNotFound)" in res.stdout, res.stdout + res.stderr
+        res = apply(SECRET, data_dir)
+        assert res.returncode == 0 and "stored Secret orders-log" in res.stdout, res.stdout + res.stderr
+        assert (data_dir / "secrets" / "orders-log" / "password").stat().st_mode & 0o777 == 0o600
         res = apply(EXAMPLE, data_dir)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "BookieLog orders: ready (Ready)" in res.stdout
@@ -63,16 +70,16 @@ def test_the_example_bookielog_applies_on_the_local_platform(tmp_path, child_pro
         st = json.loads(again.stdout)[0]["status"]
         assert (st["logId"], st["startOffset"], st["endOffset"], st["segments"]) == (d.log_id, 0, 35, 4)
 
-        docs[1]["spec"]["retention"] = {"policy": "limits", "maxBytes": 0}
+        log["spec"]["retention"] = {"policy": "limits", "maxBytes": 0}
         changed = tmp_path / "bookielog.yaml"
-        changed.write_text(yaml.safe_dump_all(docs))
+        changed.write_text(yaml.safe_dump(log))
         res = apply(changed, data_dir, "-o", "json")
         assert res.returncode == 0, res.stderr
         st = json.loads(res.stdout)[0]["status"]
         assert st["startOffset"] == st["endOffset"] == 35        # every closed segment went (maxBytes 0)
-        assert asyncio.run(describe(uri)).config.retention == BookieLogSpec.from_manifest(docs[1]).config.retention
+        assert asyncio.run(describe(uri)).config.retention == BookieLogSpec.from_manifest(log).config.retention
 
-        docs[0]["stringData"]["password"] = "wrong"
-        changed.write_text(yaml.safe_dump_all(docs))
+        secret["stringData"]["password"] = "wrong"       # a Secret and the log in one file work too
+        changed.write_text(yaml.safe_dump_all([secret, log]))
         res = apply(changed, data_dir)
         assert res.returncode == 1 and "NOT READY (PasswordMismatch)" in res.stdout
