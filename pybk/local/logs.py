@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pybk.client.errors import BKError
 from pybk.cluster.bookielog import store as log_store
 from pybk.cluster.bookielog.actions import SetCondition
 from pybk.cluster.bookielog.controller import plan
@@ -150,7 +151,10 @@ def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
             raise LocalClusterError(f"{path}: {e}") from None
         key = f"{spec.namespace}/{spec.name}"
         secret, password = password_of(spec, data_dir)
-        st, managed = asyncio.run(apply_one(spec, password, secret, data_dir, state.get(key)))
+        try:
+            st, managed = asyncio.run(apply_one(spec, password, secret, data_dir, state.get(key)))
+        except BKError as e:
+            raise LocalClusterError(f"BookieLog {spec.name}: {e}") from None
         if managed is not None:
             state[key] = managed
             state_path.write_text(json.dumps(state, indent=2, sort_keys=True))

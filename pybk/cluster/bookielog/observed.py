@@ -7,9 +7,9 @@ but `managed_id`, which the platform keeps in the resource's status.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pybk.log import CursorInfo, LogConfig, Segment
+from pybk.log import CursorInfo, LogConfig, Segment, SegmentState
 
 
 class ClusterState(str, enum.Enum):
@@ -57,7 +57,7 @@ class LogObservation:
 
     @property
     def bytes(self) -> int:
-        from pybk.log import SegmentState
+        """Bytes of records in closed segments (an open segment's are known only once it closes)."""
         return sum(s.bytes for s in self.segments if s.state is SegmentState.CLOSED)
 
 
@@ -71,4 +71,3 @@ class Observed:
     managed_id: int | None = None       # the id this resource created or adopted (from its status)
     claimed_by: str | None = None       # another BookieLog of the same cluster naming the same log
     now_ms: int = 0
-    extra: dict = field(default_factory=dict, compare=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from pybk.entry import password_hash
-from pybk.log import LogNotFoundError, Logs, SegmentState
+from pybk.log import LogError, LogNotFoundError, Logs, SegmentState
 
 from .actions import Action, AdoptLog, CreateLog, DeleteLog, ReconfigureLog, TruncateLog
 from .observed import LogObservation, Replication
@@ -38,11 +38,25 @@ async def observe_log(logs: Logs, name: str, password: bytes | None) -> LogObser
                           segments=tuple(d.segments), cursors=tuple(d.cursors), open_replication=open_rep)
 
 
+class LogChangedError(LogError):
+    """The name points to another log than the one the actions were planned for."""
+
+
+async def _still(logs: Logs, name: str, log_id: int | None) -> None:
+    """Act only on the log that was observed: the name may have been deleted and created again
+    since (the controller then decides anew, LogReplaced)."""
+    now = (await logs.ref(name)).log_id
+    if now != log_id:
+        raise LogChangedError(f"log {name!r} is now id {now}, not id {log_id} as observed: looking again")
+
+
 async def execute(logs: Logs, spec: BookieLogSpec, password: bytes | None, actions: list[Action],
                   managed_id: int | None) -> int | None:
     """Carry out the actions in order; returns the managed log id afterwards."""
     name = spec.log
     for a in actions:
+        if isinstance(a, (ReconfigureLog, TruncateLog)):
+            await _still(logs, name, managed_id)
         if isinstance(a, CreateLog):
             ref = await logs.create(name, a.config, password=password)
             managed_id = ref.log_id
@@ -59,6 +73,7 @@ async def execute(logs: Logs, spec: BookieLogSpec, password: bytes | None, actio
             log.info("retention of log %r: it now starts at offset %d", name, start)
         elif isinstance(a, DeleteLog):
             try:
+                await _still(logs, name, a.log_id)
                 await logs.delete(name, password=None if a.force else password, force=a.force)
             except LogNotFoundError:
                 pass
