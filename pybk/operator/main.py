@@ -19,10 +19,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The operator's settings (pybk.config.OPERATOR), and the offline `--check` mode's own arguments."""
     config.add_options(parser, config.OPERATOR)
     parser.add_argument("--check", metavar="FILE", default=None,
-                        help="do not run: check a BookieCluster manifest against the CRD (schema and CEL "
+                        help="do not run: check a BookieCluster or BookieLog manifest against its CRD (schema and CEL "
                         "rules) and the controller's validation, and exit non-zero if it is invalid")
     parser.add_argument("-o", "--output", choices=["human", "json"], default="human",
                         help="output format of --check (default human)")
+
+
+def _check_log(doc: dict) -> list[str]:
+    """A BookieLog's errors: the CRD's schema and CEL rules, then the log controller's parser."""
+    from pybk.cluster.bookielog.spec import BookieLogSpec
+    from pybk.operator import crd
+
+    defaulted, errors = crd.admit(doc)
+    return errors or list(BookieLogSpec.from_manifest(defaulted, validate=False).errors)
 
 
 def _check(path: str, output: str) -> int:
@@ -37,6 +46,8 @@ def _check(path: str, output: str) -> int:
     except (OSError, yaml.YAMLError) as e:
         docs, errors = [], [f"cannot read {path}: {e}"]
     for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "BookieLog":
+            errors += _check_log(doc)
         if not isinstance(doc, dict) or doc.get("kind") != "BookieCluster":
             continue
         defaulted, errs = crd.admit(doc)
@@ -51,7 +62,8 @@ def _check(path: str, output: str) -> int:
     if output == "json":
         print(json.dumps({"file": path, "valid": not errors, "errors": errors}))
     elif errors:
-        print(f"{path}: invalid BookieCluster", file=sys.stderr)
+        kinds = sorted({d.get("kind") for d in docs if isinstance(d, dict)} & {"BookieCluster", "BookieLog"})
+        print(f"{path}: invalid {' and '.join(kinds) or 'BookieCluster'}", file=sys.stderr)
         for e in errors:
             print(f"  - {e}", file=sys.stderr)
     else:
@@ -62,7 +74,7 @@ def _check(path: str, output: str) -> int:
 async def _operate(cfg: Mapping[str, Any]) -> None:
     import kopf
 
-    from . import handlers
+    from . import handlers, log_handlers  # noqa: F401 - importing registers the handlers with kopf
     from .kube import Kube
 
     handlers.CONTEXT = handlers.OperatorContext(kube=await Kube.connect(),
