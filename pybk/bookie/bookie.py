@@ -15,19 +15,20 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from pybk.config import option_field
 from pybk.entry import HEADER, HEADER_SIZE
 from pybk.ledger import entry_ranges
 from pybk.proto import pb
 
 from .entrylog import LOG_HEADER, EntryLog, EntryLogCorruptError, scan_log
 from .index import KEY, LOCATION, Index, index_dir, inspect
-from .journal import (Journal, JournalCorruptError, JournalGap, JournalGapError, Mark, RecordType,
+from .journal import (Journal, JournalCorruptError, JournalOptions, JournalGap, JournalGapError, Mark, RecordType,
                       check as check_journal, discard_unused, encode_record, encode_run, is_space_error, journal_files,
                       read_head, read_mark, replay, scan_file, write_atomic, write_mark)
 from .metrics import Metrics
@@ -121,28 +122,29 @@ class BookieStorageError(Exception):
     """The store cannot serve a request (I/O failure, corrupt entry log)."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class DiskOptions:
+    """When the bookie turns read-only for want of room, and when it is writable again."""
+
+    high_water_mark: float = option_field("high_water_mark")
+    low_water_mark: float = option_field("low_water_mark")
+    capacity: int = option_field("disk_capacity")  # 0: the filesystem's size; else a byte budget for our dirs
+    check_interval: float = option_field("disk_check_interval")
+
+
+@dataclass(frozen=True)
 class StorageOptions:
     """Tunables of the storage core."""
 
-    journal_max_file_size: int = 256 * 1024 * 1024
-    group_wait: float = 0.0
-    group_max_bytes: int = 16 * 1024 * 1024
-    fsync: bool = True
-    journal_inline_bytes: int = 64 * 1024  # journal groups up to this size skip the worker thread
-    checkpoint_interval: float = 30.0
-    checkpoint_bytes: int = 128 * 1024 * 1024
-    entrylog_max_file_size: int = 1024 * 1024 * 1024
-    max_entry_size: int = 5 * 1024 * 1024
-    high_water_mark: float = 0.95
-    low_water_mark: float = 0.90
-    disk_capacity: int = 0          # 0: use the filesystem's size; else a byte budget for our dirs
-    disk_check_interval: float = 1.0
-    compaction_threshold: float = 0.5  # rewrite an entry log whose live fraction is below this
-    max_write_cache_bytes: int = 1024 * 1024 * 1024  # past this (cache + checkpoint in flight +
-    # journal backlog) adds get TOO_MANY_REQUESTS until a checkpoint catches up
-    journal_prealloc: int = 16 * 1024 * 1024  # journal files grow in chunks of this (0 = not preallocated)
-    accept_journal_loss: bool = False  # start despite missing/cut journal files (and report the loss)
+    journal: JournalOptions = field(default_factory=JournalOptions)
+    disk: DiskOptions = field(default_factory=DiskOptions)
+    checkpoint_interval: float = option_field("checkpoint_interval")
+    checkpoint_bytes: int = option_field("checkpoint_bytes")
+    entrylog_max_file_size: int = option_field("entrylog_max_file_size")
+    max_entry_size: int = option_field("max_entry_size")
+    # past this (cache + checkpoint in flight + journal backlog) adds get TOO_MANY_REQUESTS
+    max_write_cache_bytes: int = option_field("max_write_cache_bytes")
+    accept_journal_loss: bool = option_field("accept_journal_loss")  # start despite missing/cut journal files
 
 
 class Bookie:
@@ -156,7 +158,7 @@ class Bookie:
             raise ValueError("a bookie needs at least one ledger dir")
         self.opts = options or StorageOptions()
         self.metrics = metrics or Metrics()
-        self.metrics.water_marks(self.opts.high_water_mark, self.opts.low_water_mark)
+        self.metrics.water_marks(self.opts.disk.high_water_mark, self.opts.disk.low_water_mark)
         self.metrics.explain_read_only(ReadOnlyReason, lambda: self.read_only_reasons)
         self.ledgers: dict[int, LedgerState] = {}
         self.cache = WriteCache()
@@ -204,7 +206,7 @@ class Bookie:
         mark = read_mark(self.journal_dir)
         holds_data = mark.seq > 0 or _has_entry_logs(self.ledger_dirs)
         await loop.run_in_executor(None, inspect, index_dir(self.ledger_dirs[0]), holds_data)
-        self.index = Index(self.ledger_dirs[0], sync=self.opts.fsync)
+        self.index = Index(self.ledger_dirs[0], sync=self.opts.journal.fsync)
         self.index.check_current(mark, holds_data, read_head(self.journal_dir).journal_id)
         # The index holds everything before its checkpoint record: replay may start there (it is
         # the mark itself, or one checkpoint later, or the only mark left if journal.mark was lost).
@@ -220,9 +222,7 @@ class Bookie:
         for ledger, raw in self.index.ledger_states():
             self.ledgers[ledger] = LedgerState.from_bytes(raw)
         self.replayed = await loop.run_in_executor(None, self._replay, mark, bool(gaps))
-        self.journal = Journal(self.journal_dir, self.opts.journal_max_file_size, self.opts.group_wait,
-                               self.opts.group_max_bytes, self.opts.fsync, self._journal_synced,
-                               self._journal_failed, self.opts.journal_inline_bytes, self.opts.journal_prealloc)
+        self.journal = Journal(self.journal_dir, self.opts.journal, self._journal_synced, self._journal_failed)
         self.journal.open()
         self.index.bind_journal(self.journal.journal_id)
         self.read_only_forced = (self.journal_dir / READ_ONLY_FILE).exists()
@@ -750,13 +750,13 @@ class Bookie:
         await self.checkpoint()  # moves the journal mark past their records, so replay cannot revive them
         return dropped
 
-    async def compact(self) -> dict:
-        """Rewrite entry logs (not the current ones) whose live fraction is under the threshold:
+    async def compact(self, threshold: float) -> dict:
+        """Rewrite entry logs (not the current ones) whose live fraction is under `threshold`:
         copy their live entries to the current log, repoint the index in one transaction, delete
         the old files. Returns {"rewritten_logs", "copied_entries", "reclaimed_bytes"}."""
         async with self._ckpt_lock:
             loop = asyncio.get_running_loop()
-            plans = await loop.run_in_executor(None, self._compact, self.opts.compaction_threshold)
+            plans = await loop.run_in_executor(None, self._compact, threshold)
             reclaimed = copied = 0
             while self._disk_reads:  # reads in worker threads may still use the old locations
                 await asyncio.sleep(0.005)
@@ -880,7 +880,7 @@ class Bookie:
     def measure_disk_usage(self) -> tuple[float, int]:
         """(used fraction, total bytes): of the byte budget (disk_capacity) by our dirs, else of
         the fullest disk (free space counted as an unprivileged writer sees it)."""
-        if self.opts.disk_capacity > 0:
+        if self.opts.disk.capacity > 0:
             used = 0
             for d in self._dirs():
                 for root, _, files in os.walk(d):
@@ -889,14 +889,14 @@ class Bookie:
                             used += os.stat(os.path.join(root, f)).st_size
                         except OSError:
                             pass
-            return used / self.opts.disk_capacity, self.opts.disk_capacity
+            return used / self.opts.disk.capacity, self.opts.disk.capacity
         return max(disk_fullness(d) for d in self._dirs())
 
     def disk_space(self) -> tuple[int, int]:
         """(free, total) bytes for the Info call."""
-        if self.opts.disk_capacity > 0:
-            used = int(self.disk_usage * self.opts.disk_capacity)
-            return max(self.opts.disk_capacity - used, 0), self.opts.disk_capacity
+        if self.opts.disk.capacity > 0:
+            used = int(self.disk_usage * self.opts.disk.capacity)
+            return max(self.opts.disk.capacity - used, 0), self.opts.disk.capacity
         u = shutil.disk_usage(self.ledger_dirs[0])
         return u.free, u.total
 
@@ -918,7 +918,7 @@ class Bookie:
         self._written_since_check += nbytes
         if not self.read_only_disk and self._disk_total:
             estimate = self.disk_usage + self._written_since_check / self._disk_total
-            if estimate >= self.opts.high_water_mark:
+            if estimate >= self.opts.disk.high_water_mark:
                 self._update_disk_state_from(estimate)
 
     def _journal_failed(self, exc: BaseException, recoverable: bool) -> None:
@@ -936,7 +936,7 @@ class Bookie:
         a failed write back); turn read-only until usage is below the low-water mark again."""
         if not self.read_only_disk:
             log.warning("%s: the disk is full (%s); read-only until disk usage is below the low-water "
-                        "mark %.2f. Acknowledged entries are safe.", what, exc, self.opts.low_water_mark)
+                        "mark %.2f. Acknowledged entries are safe.", what, exc, self.opts.disk.low_water_mark)
         before = self.read_only
         self.read_only_disk = True
         if before != self.read_only:
@@ -963,7 +963,7 @@ class Bookie:
     async def _disk_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.opts.disk_check_interval)
+            await asyncio.sleep(self.opts.disk.check_interval)
             try:
                 self._measured(*await loop.run_in_executor(None, self.measure_disk_usage))
                 self.metrics.write_cache_bytes.set(self.cache.bytes)
@@ -974,11 +974,11 @@ class Bookie:
     def _update_disk_state_from(self, usage: float) -> None:
         self.metrics.disk_usage.set(usage)
         before = self.read_only
-        if not self.read_only_disk and usage >= self.opts.high_water_mark:
-            log.warning("disk usage %.4f >= high-water mark %.4f: turning read-only", usage, self.opts.high_water_mark)
+        if not self.read_only_disk and usage >= self.opts.disk.high_water_mark:
+            log.warning("disk usage %.4f >= high-water mark %.4f: turning read-only", usage, self.opts.disk.high_water_mark)
             self.read_only_disk = True
-        elif self.read_only_disk and usage < self.opts.low_water_mark:
-            log.warning("disk usage %.4f < low-water mark %.4f: writable again", usage, self.opts.low_water_mark)
+        elif self.read_only_disk and usage < self.opts.disk.low_water_mark:
+            log.warning("disk usage %.4f < low-water mark %.4f: writable again", usage, self.opts.disk.low_water_mark)
             self.read_only_disk = False
         if before != self.read_only:
             self._read_only_changed()

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, chain
 from time import monotonic
 
@@ -18,9 +18,10 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from pybk import __version__
+from pybk.config import option_field
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.wire import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
+from pybk.proto.wire import ADD_RUNS_HEADER, MESSAGE_HEADROOM
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
@@ -43,14 +44,15 @@ MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
 
 @dataclass(frozen=True)
 class Limits:
-    """What one client may hold of a bookie's memory (the bookie's options of the same names)."""
+    """What one client may hold of a bookie's memory (the bookie's options of the same names).
+    A max_message_size of 0 is the largest entry plus headroom (`message_limit`)."""
 
-    max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_add_bytes_in_flight: int = 256 * 1024 * 1024
-    max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
-    max_read_buffer_bytes: int = 64 * 1024 * 1024
-    max_client_memory: int = 512 * 1024 * 1024
-    read_stream_timeout: float = 30.0
+    max_message_size: int = option_field("max_message_size")
+    max_add_bytes_in_flight: int = option_field("max_add_bytes_in_flight")
+    max_add_bytes_in_flight_per_connection: int = option_field("max_add_bytes_in_flight_per_connection")
+    max_read_buffer_bytes: int = option_field("max_read_buffer_bytes")
+    max_client_memory: int = option_field("max_client_memory")
+    read_stream_timeout: float = option_field("read_stream_timeout")
 
 
 def message_limit(max_message_size: int, max_entry_size: int) -> int:
@@ -181,7 +183,8 @@ class BookieService(rpc.BookieServicer):
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
-        self.limits = limits
+        self.limits = replace(limits, max_message_size=message_limit(limits.max_message_size,
+                                                                     bookie.opts.max_entry_size))
         self.add_bytes_in_flight = 0
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
         # a PACKED answer holds up to this much plus one body, so it stays within the message limit

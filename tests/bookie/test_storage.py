@@ -11,11 +11,14 @@ import pytest
 from pybk import entry
 from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
-from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, Mark, RecordType, encode_record,
+from pybk.bookie.gc import Housekeeping
+from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, JournalOptions, Mark, RecordType, encode_record,
                                  encode_run, journal_files, replay)
 from pybk.bookie.state import LedgerKeys, LedgerState, admit_new_key
 from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
+
+NO_PREALLOC = JournalOptions(prealloc_size=0)
 
 KEY = entry.master_key(b"pw")
 
@@ -60,7 +63,7 @@ class _ThreadRecordingJournal(Journal):
 
 async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thread(tmp_path):
     loop_thread = threading.get_ident()
-    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j = _ThreadRecordingJournal(tmp_path, JournalOptions(inline_bytes=1000))
     j.open()
     await j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 10))
     await j.append(encode_record(RecordType.ADD, 1, 1, b"x" * 5000))
@@ -73,7 +76,7 @@ async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thre
 
 async def test_a_busy_loop_does_not_keep_small_groups_off_it(tmp_path):
     loop_thread = threading.get_ident()
-    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j = _ThreadRecordingJournal(tmp_path, JournalOptions(inline_bytes=1000))
     j.open()
     big = j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 5000))
     deadline = time.monotonic() + 10
@@ -89,7 +92,7 @@ async def test_a_busy_loop_does_not_keep_small_groups_off_it(tmp_path):
 
 
 async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
-    j = Journal(tmp_path, max_file_size=1000)
+    j = Journal(tmp_path, JournalOptions(max_file_size=1000))
     j.open()
     for i in range(40):
         await j.append(encode_record(RecordType.ADD, 7, i, b"y" * 100))
@@ -99,7 +102,7 @@ async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
 
 
 async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
-    j = Journal(tmp_path)
+    j = Journal(tmp_path, NO_PREALLOC)  # a file cut short is then a torn tail
     j.open()
     for i in range(10):
         await j.append(encode_record(RecordType.ADD, 1, i, b"z" * 50))
@@ -123,7 +126,7 @@ async def test_a_run_is_one_record_of_its_bodies_as_given_replayed_as_its_entrie
     packed = b"".join(bodies)
     parts = encode_run(7, ids, [len(b) for b in bodies], packed)
     assert parts[-1] is packed  # the bodies are passed on, not copied
-    j = Journal(tmp_path)
+    j = Journal(tmp_path, NO_PREALLOC)  # a file cut short is then a torn tail
     j.open()
     await j.append([encode_record(RecordType.MASTER_KEY, 7, -1, b"k"), *parts])
     await j.append(encode_run(8, [0], [2], b"zz"))
@@ -169,7 +172,7 @@ def test_write_cache_bytes_are_exact_without_rewrites():
 
 
 async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path, child_processes):
-    opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=0)  # file size = end of its records
+    opts = StorageOptions(checkpoint_interval=3600, journal=JournalOptions(prealloc_size=0))  # file size = end of its records
     b = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
     await b.start()
     res, fut = b.add_batch(adds(1, 0, 20, lac=-2) + adds(2, 0, 5))
@@ -312,7 +315,7 @@ async def test_compaction_rewrites_mostly_dead_entry_logs_and_keeps_live_entries
         logs_before = b.entrylogs[0].log_ids()
         assert len(logs_before) >= 2
         assert await b.delete_ledgers({2}) == 90
-        result = await b.compact()
+        result = await b.compact(Housekeeping().compaction_threshold)
         assert result["rewritten_logs"] == 1 and result["copied_entries"] == 10 and result["reclaimed_bytes"] > 0
         assert logs_before[0] not in b.entrylogs[0].log_ids()
         for e in adds(1, 0, 10) + adds(3, 0, 50):
