@@ -27,7 +27,8 @@ from pybk.security.server import SecurityConfigError, ServerSecurity
 from pybk.security.tls import CertificateError
 from pybk.transport.grpc_server import ConnectionLimits
 
-from .bookie import Bookie, DirsInUseError, rebuild_index
+from .bookie import Bookie, DirsInUseError
+from .rebuild import rebuild_index
 from .cookie import Cookie, CookieMismatchError, check as check_cookies, write_local
 from .gc import GarbageCollector
 from .http import make_app
