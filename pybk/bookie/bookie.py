@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from pybk.proto import pb
 
 from . import compaction
 from .adds import AddRun, Admission, Decision, Refusal, count, decide, runs_of
 from .disk import DiskState, ReadOnlyReason, disk_fullness
-from .journal import Journal, RecordType, encode_record, encode_run
+from .journal import Mark, RecordType, encode_record, encode_run
 from .metrics import Metrics
 from .rebuild import rebuild_index
 from .state import LacWaiters, LedgerState, check_key
@@ -48,40 +48,6 @@ class Bookie:
         self.journal_dir, self.ledger_dirs = self.storage.journal_dir, self.storage.ledger_dirs
         self.ledgers: dict[int, LedgerState] = self.storage.ledgers
 
-    # ---- the parts' state, as callers and tests look at it ----------------------------------
-
-    @property
-    def cache(self):
-        return self.storage.cache
-
-    @property
-    def flushing(self):
-        return self.storage.flushing
-
-    @property
-    def journal(self) -> Journal | None:
-        return self.storage.journal
-
-    @property
-    def index(self):
-        return self.storage.index
-
-    @property
-    def entrylogs(self):
-        return self.storage.entrylogs
-
-    @property
-    def started(self) -> bool:
-        return self.storage.started
-
-    @started.setter
-    def started(self, value: bool) -> None:
-        self.storage.started = value  # False: close() skips the final checkpoint, as after a crash
-
-    @property
-    def replayed(self) -> int:
-        return self.storage.replayed
-
     @property
     def read_only(self) -> bool:
         return self.disk.read_only
@@ -90,30 +56,6 @@ class Bookie:
     def read_only_reasons(self) -> list[ReadOnlyReason]:
         """Every reason the bookie is read-only now (empty: writable)."""
         return self.disk.reasons
-
-    @property
-    def read_only_forced(self) -> bool:
-        return self.disk.forced
-
-    @property
-    def read_only_disk(self) -> bool:
-        return self.disk.disk
-
-    @property
-    def journal_failed(self) -> bool:
-        return self.disk.journal_failed
-
-    @property
-    def disk_usage(self) -> float:
-        return self.disk.usage
-
-    @property
-    def on_read_only_change(self) -> Callable[[bool], None] | None:
-        return self.disk.on_change
-
-    @on_read_only_change.setter
-    def on_read_only_change(self, callback: Callable[[bool], None] | None) -> None:
-        self.disk.on_change = callback
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -223,7 +165,7 @@ class Bookie:
         st.fenced = True
         st.dirty = True
         records.append(encode_record(_FENCE, ledger, -1))
-        await self.journal.append(b"".join(records))
+        await self.storage.journal.append(b"".join(records))
         return _OK, st.last_add_confirmed
 
     async def write_lac(self, ledger: int, lac: int, master_key: bytes) -> tuple[int, str]:
@@ -242,7 +184,7 @@ class Bookie:
             if last is None or lac > last:
                 return _BAD, (f"explicit LAC {lac} of ledger {ledger} is beyond the entries this bookie holds "
                               f"(last entry {-1 if last is None else last})")
-        fut = self.journal.append(encode_record(_LAC, ledger, lac))
+        fut = self.storage.journal.append(encode_record(_LAC, ledger, lac))
         if lac > st.explicit_lac:
             st.explicit_lac = lac
             st.dirty = True
@@ -309,7 +251,7 @@ class Bookie:
     def request_checkpoint(self) -> None:
         self.storage.request_checkpoint()
 
-    async def checkpoint(self):
+    async def checkpoint(self) -> Mark:
         """Move the write cache into the entry log + index and persist the journal mark."""
         return await self.storage.checkpoint()
 

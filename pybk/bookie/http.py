@@ -74,8 +74,8 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         return web.json_response(effective_options() if effective_options else {})
 
     async def get_readonly(request: web.Request) -> web.Response:
-        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
-                                  "disk": bookie.read_only_disk})
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.disk.forced,
+                                  "disk": bookie.disk.disk})
 
     async def put_readonly(request: web.Request) -> web.Response:
         try:
@@ -86,8 +86,8 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         except Exception:  # noqa: BLE001 - any malformed body is the client's error
             return web.json_response({"error": 'send JSON {"readOnly": true} or {"readOnly": false}'}, status=400)
         bookie.set_read_only(value)
-        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
-                                  "disk": bookie.read_only_disk})
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.disk.forced,
+                                  "disk": bookie.disk.disk})
 
     async def get_is_ready(request: web.Request) -> web.Response:
         is_ready, why = await ready()

@@ -151,7 +151,7 @@ class BookieServer:
         # the readiness probe's calls to this process's own gRPC port (a reader, whatever the auth file says)
         self._probe_token = secrets.token_urlsafe(32)
         self.security.authenticator.add_internal_token(self._probe_token, Principal("readiness probe", Role.READER))
-        self.storage = Bookie(self.journal_dir, self.ledger_dirs, settings.storage)
+        self.bookie = Bookie(self.journal_dir, self.ledger_dirs, settings.storage)
         self.registration: Registration | None = None
         self.gc: GarbageCollector | None = None
         self.scrubber: Scrubber | None = None
@@ -176,17 +176,17 @@ class BookieServer:
                           zone=self.options.zone, rack=self.options.rack, version=pybk.__version__)
 
     def info(self) -> dict[str, Any]:
-        free, total = self.storage.disk_space()
+        free, total = self.bookie.disk_space()
         return {"bookie_id": self.bookie_id, "grpc": self.grpc_endpoint, "http": self.http_endpoint,
                 "zone": self.options.zone, "rack": self.options.rack, "version": pybk.__version__
                 if hasattr(pybk, "__version__") else "", "journal_dir": str(self.journal_dir),
                 "ledger_dirs": [str(d) for d in self.ledger_dirs], "free_bytes": free, "total_bytes": total,
-                "ledger_count": len(self.storage.ledgers), "read_only": self.storage.read_only}
+                "ledger_count": len(self.bookie.ledgers), "read_only": self.bookie.read_only}
 
     def state(self) -> dict[str, Any]:
-        s = self.storage
-        return {"running": self.serving, "readOnly": s.read_only, "readOnlyForced": s.read_only_forced,
-                "readOnlyDisk": s.read_only_disk, "journalFailed": s.journal_failed, "diskUsage": s.disk_usage,
+        s, disk = self.bookie.storage, self.bookie.disk
+        return {"running": self.serving, "readOnly": disk.read_only, "readOnlyForced": disk.forced,
+                "readOnlyDisk": disk.disk, "journalFailed": disk.journal_failed, "diskUsage": disk.usage,
                 "highWaterMark": s.opts.disk.high_water_mark, "lowWaterMark": s.opts.disk.low_water_mark,
                 "writeCacheBytes": s.cache.bytes, "writeCacheEntries": s.cache.count,
                 "journalRecordsReplayed": s.replayed,
@@ -196,7 +196,7 @@ class BookieServer:
         """Every option by name as the running components hold it (GET /api/v1/bookie/config):
         the storage's and its journal's, the gRPC service's limits, the security, housekeeping and
         autorecovery in use; ledger passwords are shown as set, not their values."""
-        storage, settings = self.storage, self.settings
+        storage, settings = self.bookie.storage, self.settings
         parts: list[Any] = [settings.common, self.options, settings.connections, storage.opts,
                             self.security.options, self.gc.options if self.gc else settings.housekeeping]
         if storage.journal is not None:
@@ -246,7 +246,7 @@ class BookieServer:
         open_files = open_files_limit()
         self.connections = connections = connection_limits(settings.connections, open_files)
         security = self.security
-        self.service = service = BookieService(self.storage, self.bookie_id, server.zone, limits=settings.limits,
+        self.service = service = BookieService(self.bookie, self.bookie_id, server.zone, limits=settings.limits,
                                                authenticator=security.authenticator)
         grpc_server = make_server(service, _listen(server.host, server.port, "gRPC"), security.grpc_ssl(),
                                   connections)
@@ -262,7 +262,7 @@ class BookieServer:
             if server.metadata_uri:
                 self.registration = Registration(
                     self.bookie_info(), server.metadata_uri, server.registration_ttl,
-                    lambda: self.storage.read_only)
+                    lambda: self.bookie.read_only)
                 await self.registration.connect()
                 try:
                     await self.registration.verify_cookie(self.journal_dir, self.ledger_dirs)
@@ -275,7 +275,7 @@ class BookieServer:
                     for d in [self.journal_dir, *self.ledger_dirs]:
                         write_local(d, expected)
             try:
-                await self.storage.start()
+                await self.bookie.start()
                 await self._report_journal_loss()
             except BaseException:
                 if self.registration:
@@ -290,10 +290,10 @@ class BookieServer:
             service.keys = KeyGate(store.ledgers)  # before serving: every first key is checked
         await grpc_server.start()
         if store is not None:
-            self.gc = GarbageCollector(self.storage, store.ledgers, settings.housekeeping)
-        self.scrubber = Scrubber(self.storage, settings.housekeeping.scrub_interval, self.bookie_id,
+            self.gc = GarbageCollector(self.bookie, store.ledgers, settings.housekeeping)
+        self.scrubber = Scrubber(self.bookie.storage, settings.housekeeping.scrub_interval, self.bookie_id,
                                  store.underreplication if store is not None else None)
-        app = make_app(self.storage, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store,
+        app = make_app(self.bookie, info=self.info, state=self.state, ready=self.ready, gc=self.gc, store=store,
                        effective_options=self.effective_options,
                        scrubber=self.scrubber, authenticator=security.authenticator,
                        open_paths=security.open_paths)
@@ -310,14 +310,14 @@ class BookieServer:
         await site.start()
         self.serving = True
         self.scrubber.start()
-        lag_watch = loop.create_task(self.storage.metrics.watch_loop_lag(), name="loop-lag")
+        lag_watch = loop.create_task(self.bookie.metrics.watch_loop_lag(), name="loop-lag")
         if self.registration:
-            self.storage.on_read_only_change = self.registration.read_only_changed
+            self.bookie.disk.on_change = self.registration.read_only_changed
             self.registration.start()
             self.gc.start()
             embedded.start()
         else:
-            self.storage.on_read_only_change = None
+            self.bookie.disk.on_change = None
         log.info("bookie %s serving gRPC on %s (%s), admin HTTP on %s, event loop %s", self.bookie_id,
                  self.grpc_endpoint, "TLS" if security.tls else "plaintext", self.http_endpoint, eventloop.running())
         for warning in security.warnings(self.grpc_endpoint):
@@ -347,7 +347,7 @@ class BookieServer:
         await runner.cleanup()
         if self._probe is not None:
             await self._probe.close()
-        await self.storage.close()
+        await self.bookie.close()
         return 0
 
 
@@ -356,7 +356,7 @@ class BookieServer:
         under-replicated, naming this bookie: which ledgers had entries in the lost range is
         unknowable, and the replication worker copies back only what this bookie lacks. Until
         that succeeded the loss stays recorded (journal.loss) and is reported at the next start."""
-        lost = self.storage.pending_journal_loss()
+        lost = self.bookie.pending_journal_loss()
         if not lost:
             return
         if not self.registration:
@@ -367,7 +367,7 @@ class BookieServer:
         marked = [md.ledger_id async for md in store.ledgers.list_metadata() if self.bookie_id in md.bookies()]
         for ledger_id in marked:
             await store.underreplication.mark(ledger_id, [self.bookie_id])
-        self.storage.journal_loss_reported()
+        self.bookie.journal_loss_reported()
         log.warning("journal loss reported: %d ledgers marked under-replicated for %s (%s)", len(marked),
                     self.bookie_id, "; ".join(lost))
 

@@ -179,8 +179,8 @@ async def test_a_journal_file_left_unused_by_a_stop_mid_roll_is_not_a_gap(tmp_pa
     errors, fut = b.add_batch([pb.AddEntry(ledger_id=3, entry_id=e, master_key=KEY, body=body(3, e))
                                for e in range(50)])
     await fut
-    await b.journal.close()
-    b.started = False  # a crash: no final checkpoint
+    await b.storage.journal.close()
+    b.storage.started = False  # a crash: no final checkpoint
     await b.close()
     seq = read_head(tmp_path / "j").seq + 1
     with open(journal_path(tmp_path / "j", seq), "wb") as f:
