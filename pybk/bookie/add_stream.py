@@ -7,20 +7,27 @@ import asyncio
 import logging
 from itertools import accumulate, chain
 from time import monotonic
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb
 from pybk.proto.wire import ADD_RUNS_HEADER
-from pybk.security.roles import Operation
+from pybk.security.roles import Operation, Principal
 
 from .adds import AddRun, runs_of
+from .bookie import Bookie
+from .keys import KeyGate
+from .limits import Limits
 from .state import LOOKUP
 
-if TYPE_CHECKING:
-    from .service import BookieService
-
 log = logging.getLogger("pybk.bookie.service")
+
+
+class InFlight:
+    """Entry bytes of adds received and not yet answered, over all of a bookie's Add streams."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
 
 
 class AddStream:
@@ -34,10 +41,14 @@ class AddStream:
     file may have changed). Ending the stream instead would race with the client's sending and
     reach it as INTERNAL."""
 
-    def __init__(self, service: "BookieService", context):
-        self.service = service
+    def __init__(self, bookie: Bookie, keys: KeyGate | None, limits: Limits, in_flight: InFlight,
+                 authorize: Callable[[], tuple[Principal | None, str]], context):
+        self.bookie = bookie
+        self.keys = keys      # first keys checked against the metadata (None: no metadata)
+        self.limits = limits  # the caps on bytes in flight
+        self.in_flight = in_flight
+        self.authorize = authorize  # (Principal, "") or (None, why refused)
         self.context = context
-        self.bookie = service.bookie
         self.done: asyncio.Queue = asyncio.Queue()  # answers in the order batches became durable
         self.outstanding = 0  # batches received and not yet answered
         self.eof = False      # the client sent its last batch
@@ -45,7 +56,7 @@ class AddStream:
         self._authorize()
 
     def _authorize(self) -> None:
-        self.principal, self.denied = self.service._authorize_stream(self.context, Operation.ADD)
+        self.principal, self.denied = self.authorize()
         self.keyless = self.principal is not None and self.principal.may(Operation.KEYLESS_RECOVERY)
 
     async def run(self, request_iterator) -> None:
@@ -77,7 +88,7 @@ class AddStream:
 
     async def _take(self, batch: pb.AddBatch, nbytes: int, received: float) -> None:
         """Refuse a batch, or add it and answer it once durable."""
-        service, metrics = self.service, self.bookie.metrics
+        metrics = self.bookie.metrics
         if self.denied:
             self._authorize()
         if self.denied:
@@ -86,17 +97,17 @@ class AddStream:
         runs, layout = unpack(batch)
         n = layout[-1]
         metrics.add_batch_size.observe(n)
-        limits = service.limits
+        limits = self.limits
         refusal = _over_cap(self.bytes, nbytes, limits.max_add_bytes_in_flight_per_connection,
                             "on this connection", "max_add_bytes_in_flight_per_connection") or \
-            _over_cap(service.add_bytes_in_flight, nbytes, limits.max_add_bytes_in_flight, "on this bookie",
+            _over_cap(self.in_flight.bytes, nbytes, limits.max_add_bytes_in_flight, "on this bookie",
                       "max_add_bytes_in_flight")
         if refusal:
             self.done.put_nowait(_refuse_all(batch, pb.TOO_MANY_REQUESTS, refusal, metrics))
             return
         self.bytes += nbytes
-        service.add_bytes_in_flight += nbytes
-        keys = service.keys
+        self.in_flight.bytes += nbytes
+        keys = self.keys
         try:
             errors, fut = self.bookie.add_runs(runs, self.keyless, keys.admit if keys is not None else None)
             if errors and keys is not None and any(r[1] == LOOKUP for r in errors):
@@ -113,7 +124,7 @@ class AddStream:
     async def _add_checked(self, runs: list[AddRun], errors: list[tuple[int, int, str]], fut):
         """Add again the entries add_runs answered LOOKUP, once the metadata of their ledgers is
         read; returns the batch's merged (errors, future)."""
-        keys = self.service.keys
+        keys = self.keys
         pending = [i for i, status, _ in errors if status == LOOKUP]
         again_runs = _select(runs, pending)
         found = await keys.lookup(r.ledger_id for r in again_runs)
@@ -127,7 +138,7 @@ class AddStream:
     def _finish(self, batch, layout, errors, fut, nbytes: int, received: float) -> None:
         """A batch is durable (or its journal write failed): queue its answer, free its bytes."""
         self.bytes -= nbytes
-        self.service.add_bytes_in_flight -= nbytes
+        self.in_flight.bytes -= nbytes
         metrics = self.bookie.metrics
         metrics.add_latency.observe(monotonic() - received)
         error = None

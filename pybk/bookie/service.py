@@ -9,7 +9,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from time import monotonic
 
 import grpc
@@ -17,14 +17,13 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from pybk import __version__
-from pybk.config import option_field
 from pybk.proto import pb, rpc, wire
-from pybk.proto.wire import MESSAGE_HEADROOM
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 
-from .add_stream import AddStream
+from .add_stream import AddStream, InFlight
+from .limits import Limits, message_limit
 from .bookie import Bookie, BookieStorageError
 from .keys import KeyGate
 from .readbuffer import ReadBuffer
@@ -42,24 +41,6 @@ MAX_LONG_POLL_MS = 60_000
 MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one client may hold of a bookie's memory (the bookie's options of the same names).
-    A max_message_size of 0 is the largest entry plus headroom (`message_limit`)."""
-
-    max_message_size: int = option_field("max_message_size")
-    max_add_bytes_in_flight: int = option_field("max_add_bytes_in_flight")
-    max_add_bytes_in_flight_per_connection: int = option_field("max_add_bytes_in_flight_per_connection")
-    max_read_buffer_bytes: int = option_field("max_read_buffer_bytes")
-    max_client_memory: int = option_field("max_client_memory")
-    read_stream_timeout: float = option_field("read_stream_timeout")
-
-
-def message_limit(max_message_size: int, max_entry_size: int) -> int:
-    """The largest gRPC message: as configured, or (0) the largest entry plus headroom."""
-    return max_message_size or max_entry_size + MESSAGE_HEADROOM
-
-
 class BookieService(rpc.BookieServicer):
     """Servicer over one storage core."""
 
@@ -74,7 +55,7 @@ class BookieService(rpc.BookieServicer):
         self.version = version
         self.limits = replace(limits, max_message_size=message_limit(limits.max_message_size,
                                                                      bookie.opts.max_entry_size))
-        self.add_bytes_in_flight = 0
+        self.adds_in_flight = InFlight()
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
         # a PACKED answer holds up to this much plus one body, so it stays within the message limit
         self.packed_batch_bytes = max(READ_BATCH_BYTES, min(PACKED_BATCH_BYTES, limits.max_message_size // 3))
@@ -127,7 +108,9 @@ class BookieService(rpc.BookieServicer):
     async def Add(self, request_iterator, context):
         """Each incoming batch is journaled as it arrives; results go back as each becomes
         durable, one AddResults per AddBatch (add_stream.AddStream)."""
-        await AddStream(self, context).run(request_iterator)
+        stream = AddStream(self.bookie, self.keys, self.limits, self.adds_in_flight,
+                           lambda: self._authorize_stream(context, Operation.ADD), context)
+        await stream.run(request_iterator)
 
     async def Read(self, request, context):
         """Answers go out one at a time, each built only after the previous one was taken: a

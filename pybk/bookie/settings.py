@@ -15,7 +15,7 @@ from pybk.security.server import SecurityOptions
 
 from .bookie import StorageOptions
 from .gc import Housekeeping
-from .service import Limits
+from .limits import Limits
 
 
 @dataclass(frozen=True)
