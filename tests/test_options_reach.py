@@ -4,6 +4,7 @@ GET .../config report the option objects their components hold), or, for the ope
 needs a Kubernetes API server, from what its start-up wiring hands kopf and the handlers."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import secrets
@@ -12,11 +13,11 @@ import sys
 from pathlib import Path
 
 import kopf
-import pytest
 import yaml
 
 from pybk import config
 from pybk.config import AUTORECOVERY, BOOKIE, OPERATOR, Process
+from pybk.local.autorecovery import AutoRecoveryProcess
 from pybk.local.bookie import BookieProcess
 from pybk.local.process import free_port
 from pybk.security.ca import CertificateAuthority, write_private
@@ -38,12 +39,12 @@ def expected(process: Process, values: dict) -> dict:
 
 
 def security_files(directory: Path) -> dict:
-    """TLS files for HOST under the name pybk-bookie, a reader token and an auth file taking it."""
+    """TLS files for HOST under the name pybk-bookie, an admin token and an auth file taking it."""
     files = CertificateAuthority.create().write_identity(directory / "tls", "pybk-bookie", hosts=("pybk-bookie", HOST))
     token = secrets.token_urlsafe(24)
-    token_file = write_private(directory / "reader.token", token.encode())
+    token_file = write_private(directory / "admin.token", token.encode())
     auth_file = directory / "auth.yaml"
-    auth_file.write_text(yaml.safe_dump({"tokens": [{"name": "reader", "role": "admin", "token_file": str(token_file)}]}))
+    auth_file.write_text(yaml.safe_dump({"tokens": [{"name": "admin", "role": "admin", "token_file": str(token_file)}]}))
     return {"tls_cert": str(files.cert), "tls_key": str(files.key), "tls_ca": str(files.ca),
             "tls_server_name": "pybk-bookie", "token_file": str(token_file), "auth_file": str(auth_file),
             "tls_client_auth": "true"}
@@ -106,36 +107,19 @@ def test_every_bookie_option_reaches_the_running_bookie(tmp_path, metadata_uri, 
 
 
 def test_every_autorecovery_option_reaches_the_running_autorecovery(tmp_path, metadata_uri, child_processes):
-    from pybk.local.process import ChildProcess
-
     http_port = free_port(HOST)
     values = {**common(tmp_path), **security_files(tmp_path), **RECOVERY, "metadata_uri": metadata_uri,
               "http_port": str(http_port), "http_host": HOST, "name": "recovery-under-test", "no_worker": "true",
               "open_http_paths": "/heartbeat"}
     want = expected(AUTORECOVERY, values)
     want["ledger_password"] = ["(set)"]
-    argv = [sys.executable, "-m", "pybk.cli", "autorecovery"]
-    for k, v in values.items():
-        argv += [AUTORECOVERY.option(k).flag, v]
-    proc = ChildProcess("autorecovery", argv, tmp_path / "autorecovery.log")
+    fixed = ("metadata_uri", "http_port", "http_host", "name")
+    proc = AutoRecoveryProcess(tmp_path / "autorecovery.log", metadata_uri, name=values["name"], host=HOST,
+                               http_port=http_port, **{k: v for k, v in values.items() if k not in fixed})
     proc.start()
-    from pybk.security.settings import ClientSecurity
-    from pybk.security.web import admin_urlopen
-
-    security = ClientSecurity(tls_ca=values["tls_ca"], tls_cert=values["tls_cert"], tls_key=values["tls_key"],
-                              tls_server_name="pybk-bookie", token_file=values["token_file"])
-    url = f"https://{HOST}:{http_port}/api/v1/autorecovery/config"
-
-    def answered() -> bool:
-        try:
-            with admin_urlopen(url, security, timeout=2) as resp:
-                answered.body = resp.read()
-            return True
-        except OSError:
-            return False
     try:
-        proc.wait_ready(answered, 60)
-        got = json.loads(answered.body)
+        status, got = proc.http_json("/api/v1/autorecovery/config")
+        assert status == 200, got
     finally:
         proc.stop()
     assert {k: got.get(k) for k in want} == {k: json.loads(json.dumps(v)) for k, v in want.items()}
@@ -149,7 +133,7 @@ def test_every_operator_option_reaches_kopf_and_the_handlers(tmp_path, monkeypat
               "namespace": "ns1", "default_metadata_uri": "etcd://127.0.0.1:1/pybk", "refresh_interval": "7",
               "audit_interval": "77", "liveness": "http://127.0.0.1:1/healthz", "verbose": "true"}
     want = expected(OPERATOR, values)
-    parser = __import__("argparse").ArgumentParser()
+    parser = argparse.ArgumentParser()
     main.add_arguments(parser)
     settings = config.settings(main.OperatorSettings, parser.parse_args(
         [a for k, v in values.items() for a in (OPERATOR.option(k).flag, v)]), OPERATOR, {})

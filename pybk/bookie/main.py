@@ -299,7 +299,7 @@ class BookieServer:
                        open_paths=security.open_paths)
         embedded = None
         if self.registration:
-            from pybk.recovery.embedded import mount
+            from pybk.autorecovery.embedded import mount
             self.embedded = embedded = mount(app, self.registration.store, server.metadata_uri, self.bookie_id,
                                              self.http_endpoint,
                                              options=settings.recovery if settings.autorecovery else None,

@@ -14,7 +14,7 @@ from pybk.security.auth import AuthFileError
 from pybk.security.server import SecurityConfigError, SecurityOptions, ServerSecurity
 from pybk.security.tls import CertificateError
 
-from .options import RecoveryOptions
+from pybk.recovery.options import RecoveryOptions
 
 log = logging.getLogger("pybk.recovery")
 
