@@ -141,8 +141,8 @@ class Option:
         return self.type(value)
 
     def value_in(self, environ: Mapping[str, str]) -> Any:
-        """This option's value in environ, else its default: for code that reads a setting where flags
-        cannot reach, e.g. at import time. ConfigError naming the variable if malformed."""
+        """This option's value in environ, else its default (converted: `value_in({})` is the
+        default option_field gives). ConfigError naming the variable if malformed."""
         if self.variable not in environ:
             return None if self.default is None else self.convert(self.default)
         raw = environ[self.variable]

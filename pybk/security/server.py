@@ -53,9 +53,12 @@ class ServerSecurity:
     tls: ServerTls | None
     authenticator: Authenticator
     open_paths: tuple[str, ...]
-    client: ClientSecurity
-
     options: SecurityOptions
+
+    @property
+    def client(self) -> ClientSecurity:
+        """The credentials this process presents when it calls others."""
+        return self.options.client
 
     @classmethod
     def from_options(cls, options: SecurityOptions) -> "ServerSecurity":
@@ -76,7 +79,7 @@ class ServerSecurity:
         authenticator = Authenticator(options.auth_file or None)
         open_paths = tuple(p.strip() for item in options.open_http_paths for p in str(item).split(",")
                            if p.strip())
-        return cls(tls, authenticator, open_paths, options.client, options)
+        return cls(tls, authenticator, open_paths, options)
 
     @property
     def scheme(self) -> str:
