@@ -7,7 +7,7 @@ import asyncio
 import logging
 from itertools import accumulate, chain
 from time import monotonic
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb
@@ -59,7 +59,7 @@ class AddStream:
         self.principal, self.denied = self.authorize()
         self.keyless = self.principal is not None and self.principal.may(Operation.KEYLESS_RECOVERY)
 
-    async def run(self, request_iterator) -> None:
+    async def run(self, request_iterator: AsyncIterator[tuple[pb.AddBatch, int]]) -> None:
         """Take batches and answer them until the client is done and every answer is sent."""
         await self.context.send_initial_metadata(((ADD_RUNS_HEADER, "1"),))
         task = asyncio.get_running_loop().create_task(self._read(request_iterator))
@@ -77,7 +77,7 @@ class AddStream:
         finally:
             task.cancel()
 
-    async def _read(self, request_iterator) -> None:
+    async def _read(self, request_iterator: AsyncIterator[tuple[pb.AddBatch, int]]) -> None:
         try:
             async for batch, nbytes in request_iterator:
                 self.outstanding += 1

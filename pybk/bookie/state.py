@@ -17,6 +17,7 @@ import hmac
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pybk.entry import HEADER, HEADER_SIZE, key_check
 from pybk.proto import pb
@@ -134,7 +135,7 @@ class LacWaiters:
     def __contains__(self, ledger: int) -> bool:
         return ledger in self._waiters
 
-    async def wait(self, ledger: int, previous: int, lac, timeout: float) -> int | None:
+    async def wait(self, ledger: int, previous: int, lac: Callable[[], int | None], timeout: float) -> int | None:
         """As soon as lac() (the ledger's LAC, None if unknown) passes `previous`, it; at timeout
         the current one."""
         current = lac()
