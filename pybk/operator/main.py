@@ -8,11 +8,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-from typing import Any, Mapping
+from dataclasses import dataclass, field
 
 from pybk import config
+from pybk.config import OPERATOR, Common, option_field
+from pybk.security.settings import ClientSecurity
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Everything `pybk operator` is configured with."""
+
+    common: Common = field(default_factory=Common)
+    client: ClientSecurity = field(default_factory=ClientSecurity)  # what it presents to autorecovery
+    namespace: tuple[str, ...] | None = option_field("namespace")   # None: every namespace
+    default_metadata_uri: str | None = option_field("default_metadata_uri")
+    refresh_interval: float = option_field("refresh_interval")
+    audit_interval: float = option_field("audit_interval", OPERATOR)
+    liveness: str = option_field("liveness")
+    verbose: bool = option_field("verbose")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,32 +86,31 @@ def _check(path: str, output: str) -> int:
     return 1 if errors else 0
 
 
-async def _operate(cfg: Mapping[str, Any]) -> None:
+async def _operate(settings: OperatorSettings) -> None:
     import kopf
 
     from . import handlers, log_handlers  # noqa: F401 - importing registers the handlers with kopf
     from .kube import Kube
 
     handlers.CONTEXT = handlers.OperatorContext(kube=await Kube.connect(),
-                                                default_metadata_uri=cfg["default_metadata_uri"])
+                                                default_metadata_uri=settings.default_metadata_uri,
+                                                security=settings.client)
+    handlers.register_timers(kopf.get_default_registry(), settings.refresh_interval, settings.audit_interval)
     try:
-        await kopf.operator(clusterwide=not cfg["namespace"], namespaces=cfg["namespace"] or None,
-                            liveness_endpoint=cfg["liveness"], standalone=True)
+        await kopf.operator(clusterwide=not settings.namespace, namespaces=list(settings.namespace or ()) or None,
+                            liveness_endpoint=settings.liveness, standalone=True)
     finally:
         await handlers.CONTEXT.stores.close()
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config.load(args, config.OPERATOR)
-    if cfg is None:
+    settings = config.load(OperatorSettings, args, config.OPERATOR)
+    if settings is None:
         return 2
     if args.check:
         return _check(args.check, args.output)
-    # The handlers read their intervals from the environment when first imported (by _operate).
-    os.environ[config.OPERATOR.option("refresh_interval").variable] = str(cfg["refresh_interval"])
-    os.environ[config.OPERATOR.option("audit_interval").variable] = str(cfg["audit_interval"])
     try:
-        asyncio.run(_operate(cfg))
+        asyncio.run(_operate(settings))
     except Exception as e:  # noqa: BLE001 - no API server / bad kube config: say so, exit non-zero
         print(f"pybk operator: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
