@@ -154,7 +154,7 @@ def test_every_operator_option_reaches_kopf_and_the_handlers(tmp_path, monkeypat
     asyncio.run(main._operate(settings))
     assert ran["namespaces"] == ["ns1"] and ran["liveness_endpoint"] == want["liveness"]
     timers = {h.fn.__name__: h.interval for h in registry._spawning.get_all_handlers()}
-    assert timers == {"refresh": 7.0, "audit": 77.0}
+    assert timers == {"refresh": 7.0, "audit": 77.0, "refresh_log": 7.0}
     ctx = handlers.CONTEXT
     assert ctx.default_metadata_uri == want["default_metadata_uri"]
     assert config.effective(ctx.security) == {k: want[k] for k in config.effective(ctx.security)}

@@ -32,8 +32,7 @@ from .kube import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 
-RETRY_DELAY = 15.0
-REFRESH_INTERVAL = handlers.REFRESH_INTERVAL
+RETRY_DELAY = 15.0      # a wait (a writer holds the log, etcd does not answer) looked at again this soon
 LOG_TIMEOUT = 30.0      # one look at a log (etcd reads, the open segment's LAC from its bookies)
 
 
@@ -202,7 +201,6 @@ async def on_log_resume(body, patch, logger, **_: Any) -> None:
     await reconcile(body, patch, logger)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=REFRESH_INTERVAL, initial_delay=REFRESH_INTERVAL)
 async def refresh_log(body, patch, logger, **_: Any) -> None:
     """Status from etcd and the bookies (offsets, writer, cursors' lag), and retention enforced."""
     await reconcile(body, patch, logger)
@@ -223,7 +221,7 @@ async def on_log_delete(body, patch, logger, **_: Any) -> None:
 
         patch["status"] = {"conditions": conditions([wait], (body.get("status") or {}).get("conditions"),
                                                     spec.generation)}
-        raise kopf.TemporaryError(wait.message, delay=REFRESH_INTERVAL)
+        raise kopf.TemporaryError(wait.message, delay=RETRY_DELAY)
     if actions:
         from pybk.log import Logs
 
@@ -233,7 +231,7 @@ async def on_log_delete(body, patch, logger, **_: Any) -> None:
             if uri:
                 await CLIENTS.drop(uri)
             raise kopf.TemporaryError(f"deleting log {spec.log!r}: {type(e).__name__}: {e}",
-                                      delay=REFRESH_INTERVAL) from e
+                                      delay=RETRY_DELAY) from e
     logger.info("BookieLog %s deleted: %s", spec.name, deletion_note(spec, observed))
 
 
@@ -241,3 +239,10 @@ async def on_log_delete(body, patch, logger, **_: Any) -> None:
 async def close_clients(**_: Any) -> None:
     """The operator stops: close the BookKeeper clients."""
     await CLIENTS.close()
+
+
+def register_timers(registry: kopf.OperatorRegistry, refresh_interval: float) -> None:
+    """Register the BookieLog refresh timer with the operator's refresh interval (its settings,
+    loaded at start-up)."""
+    kopf.timer(GROUP, VERSION, PLURAL, interval=refresh_interval, initial_delay=refresh_interval,
+               registry=registry)(refresh_log)

@@ -89,13 +89,14 @@ def _check(path: str, output: str) -> int:
 async def _operate(settings: OperatorSettings) -> None:
     import kopf
 
-    from . import handlers, log_handlers  # noqa: F401 - importing registers the handlers with kopf
+    from . import handlers, log_handlers  # importing registers the event handlers with kopf
     from .kube import Kube
 
     handlers.CONTEXT = handlers.OperatorContext(kube=await Kube.connect(),
                                                 default_metadata_uri=settings.default_metadata_uri,
                                                 security=settings.client)
     handlers.register_timers(kopf.get_default_registry(), settings.refresh_interval, settings.audit_interval)
+    log_handlers.register_timers(kopf.get_default_registry(), settings.refresh_interval)
     try:
         await kopf.operator(clusterwide=not settings.namespace, namespaces=list(settings.namespace or ()) or None,
                             liveness_endpoint=settings.liveness, standalone=True)
