@@ -39,7 +39,6 @@ from .layout import LogState, SegmentState, seal, take_over, truncation_prefix
 from .logs import LogRef, Logs
 from .options import RetentionPolicy, WriterOptions
 from .reader import end_offset
-from .retention import retention_before
 from .writer import summarize
 
 log = logging.getLogger(__name__)
@@ -124,9 +123,7 @@ class RetentionService:
         if ref.config.retention.policy is not RetentionPolicy.NONE and await self._seal_if_abandoned(ref, now):
             report.sealed.append(name)
             metrics.IDLE_ROLLS.labels(label).inc()
-        segments = [s async for page in meta.segments(ref.log_id) for s in page]
-        cursors = [c.offset for c in await meta.cursors(ref.log_id)]
-        before = retention_before(ref.config.retention, segments, now, cursors)
+        before, segments = await logs.retention_point(ref, now)
         if before is not None:
             doomed = [s for s in truncation_prefix(segments, before) if s.state is SegmentState.CLOSED]
             await logs._truncate(ref, before, None)
@@ -138,6 +135,7 @@ class RetentionService:
         if ref.config.digest is DigestType.CRC32C:
             end = await end_offset(logs, ref, b"")
             metrics.END_OFFSET.labels(label).set(end)
+            cursors = [c.offset for c in await meta.cursors(ref.log_id)]
             if cursors:
                 metrics.CURSOR_LAG.labels(label).set(max(0, end - min(cursors)))
 

@@ -92,3 +92,27 @@ async def test_the_auditor_ages_out_an_abandoned_log_and_bookies_free_its_bytes(
 
 async def _no_writer(logs: Logs, log_id: int) -> bool:
     return await logs.meta.writer_key(log_id) is None
+
+
+async def test_retention_reads_a_long_log_only_as_far_as_its_decision_needs(metadata_uri):
+    from pybk.log.layout import Head, Segment
+    from pybk.meta.etcd import op_put
+    now = 10_000_000
+    async with await BookKeeper.connect(metadata_uri) as bk:
+        logs = Logs(bk)
+        by_age = await logs.create("aged", LogConfig(retention=Retention(RetentionPolicy.LIMITS, max_age=60)),
+                                   password=PW)
+        by_size = await logs.create("sized", LogConfig(retention=Retention(RetentionPolicy.LIMITS, max_age=60,
+                                                                           max_bytes=10_000)), password=PW)
+        for ref in (by_age, by_size):
+            k = logs.meta.keys
+            # 1,200 closed segments of 100 records; the first 700 are older than max_age
+            for start in range(0, 1200, 100):
+                await logs.meta.etcd.txn([], [op_put(k.segment(ref.log_id, s), Segment(
+                    s, 1 << 40 | s, SegmentState.CLOSED, 1, s * 100, 100, 1000, 0,
+                    now - (120_000 if s < 700 else 1000), 0, 0).to_bytes()) for s in range(start, start + 100)])
+            await logs.meta.etcd.put(k.head(ref.log_id), Head(1, "test", last_seq=1199).to_bytes())
+        before, read = await logs.retention_point(by_age, now)
+        assert before == 700 * 100 and len(read) == 1000   # two pages of 500: the second holds the first kept
+        before, read = await logs.retention_point(by_size, now)
+        assert before == 1190 * 100 and len(read) == 1200   # keeping 10,000 bytes needs every segment's size
