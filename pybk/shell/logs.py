@@ -364,13 +364,16 @@ async def _append(logs: Any, args: argparse.Namespace) -> None:
         async for lines in _stdin_lines():
             for line in lines:
                 p = writer.append_nowait(line, key=args.key)
-                pending.append(p)
-                p.add_done_callback(drain)
                 count += 1
+                if args.print_offsets:
+                    pending.append(p)
+                    p.add_done_callback(drain)
             if failed:
                 break
             if len(pending) > 100_000:   # bound memory: wait for the oldest
-                await asyncio.wait([asyncio.ensure_future(_awaited(pending[0]))])
+                await _awaited(pending[0])
+            elif not args.print_offsets and count % 100_000 < len(lines):
+                await writer.flush()     # raises what failed an append
         if not failed:
             await writer.flush()
     finally:
