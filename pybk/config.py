@@ -386,6 +386,10 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_IMAGE_CACHE": "make image-test: where the bootstrapped base image's root is kept (default /var/cache/pybk-image)",
     "PYBK_DURABILITY_ROUNDS": "the durability test: rounds to run",
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
+    "PYBK_LOG_RETENTION_INTERVAL": "the elected autorecovery process: seconds between passes of named logs' "
+                                   "retention (default 60; 0 disables)",
+    "PYBK_LOG_METRICS_MAX_LOGS": "any process using named logs: logs given a `log` label of their own in its "
+                                 "metrics (default 100; later ones share `_other`)",
 }
 
 

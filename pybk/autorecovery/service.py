@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 
+from pybk.log import metrics as log_metrics
 from pybk.recovery import decommission, metrics
 from pybk.recovery.auditor import ELECTION, Auditor
 from pybk.recovery.bookies import BookiePool
@@ -33,10 +34,12 @@ class AutoRecovery:
                  name: str | None = None, http: str = "", worker: bool = True, security=None):
         """security: the ClientSecurity bookies are called with (default: from the environment)."""
         metrics.register()
+        log_metrics.register_service()
         self.store = store
         self.options = options or RecoveryOptions()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.http = http
+        self.metadata_uri = metadata_uri
         self.pool = BookiePool(store, security)
         self.auditor = Auditor(store, self.options, self.pool)
         self.worker = ReplicationWorker(store, metadata_uri, self.options, self.pool) if worker else None
@@ -99,7 +102,12 @@ class AutoRecovery:
                 log.warning("%s lost the auditor leadership; campaigning again", self.name)
 
     async def _lead(self) -> None:
-        await asyncio.gather(self.auditor.lead(), self._drains(), self._job_gc())
+        await asyncio.gather(self.auditor.lead(), self._drains(), self._job_gc(), self._log_retention())
+
+    async def _log_retention(self) -> None:
+        """Named logs' retention (pybk.log.retention_service), by the elected auditor only."""
+        from pybk.log.retention_service import run_as_auditor
+        await run_as_auditor(self.metadata_uri, self.pool.security, self.name)
 
     async def _job_gc(self) -> None:
         """Settle what write jobs left behind (`pybk.meta.job_gc.collect`, as `pybk shell gc-jobs`),

@@ -298,13 +298,27 @@ class Logs:
         allows; returns the new start offset, or None if nothing was due."""
         ref = await self.ref(name)
         pw = await self._authorize(ref, password, force, "enforcing retention on")
-        segments = [s async for page in self.meta.segments(ref.log_id) for s in page]
-        cursors = [c.offset for c in await self.meta.cursors(ref.log_id)]
-        before = retention_before(ref.config.retention, segments, now_ms if now_ms is not None else
-                                  int(time.time() * 1000), cursors)
+        before, _ = await self.retention_point(ref, now_ms if now_ms is not None else int(time.time() * 1000))
         if before is None:
             return None
         return await self._truncate(ref, before, pw)
+
+    async def retention_point(self, ref: LogRef, now_ms: int) -> tuple[int | None, list[Segment]]:
+        """What retention allows now: (the offset to truncate before or None, the segments read).
+        Segments are read a page at a time, and only as far as the decision needs: a policy with
+        a size bound (max_bytes, max_backlog_bytes) needs every closed segment's size, others stop
+        at the first page holding a segment that stays."""
+        retention = ref.config.retention
+        sized = retention.max_bytes is not None or retention.max_backlog_bytes is not None
+        cursors = [c.offset for c in await self.meta.cursors(ref.log_id)]
+        segments: list[Segment] = []
+        async for page in self.meta.segments(ref.log_id):
+            segments += page
+            if not sized:
+                before = retention_before(retention, segments, now_ms, cursors)
+                if before is None or before < page[-1].end_offset or page[-1].state is SegmentState.OPEN:
+                    break
+        return retention_before(retention, segments, now_ms, cursors), segments
 
     async def delete(self, name: str, *, password: bytes | None = None, force: bool = False) -> None:
         """Delete the log: its name is free at once (creating it again makes a new, empty log),

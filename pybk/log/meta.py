@@ -146,16 +146,24 @@ class LogMeta:
         return None if kv is None else Segment.from_bytes(kv.value, kv.mod_revision)
 
     async def segment_at_or_after(self, log_id: int, seq: int) -> Segment | None:
-        """The first stored segment whose sequence is >= seq (one bounded range read)."""
+        """The first stored segment whose sequence is >= seq. Sequence numbers are dense from the
+        first stored segment to the last (truncation deletes a prefix), so that is segment `seq`
+        itself, one key read, unless `seq` is below the first or past the last: then one range
+        read (etcd counts the keys of a range, so a range over a long log costs its length)."""
+        found = await self.segment(log_id, max(seq, 0))
+        if found is not None:
+            return found
         k = self.keys
         resp = await self.etcd.range(k.segment(log_id, max(seq, 0)), prefix_end(k.segments(log_id)), limit=1)
         return Segment.from_bytes(resp.kvs[0].value, resp.kvs[0].mod_revision) if resp.kvs else None
 
     async def last_segment(self, log_id: int) -> Segment | None:
-        k = self.keys
-        resp = await self.etcd.range(k.segments(log_id), prefix_end(k.segments(log_id)), limit=1,
-                                     sort_target=rpc.RangeRequest.KEY, sort_order=rpc.RangeRequest.DESCEND)
-        return Segment.from_bytes(resp.kvs[0].value, resp.kvs[0].mod_revision) if resp.kvs else None
+        """The newest segment: the one the head names (two key reads, whatever the log's length;
+        a range sorted descending would make etcd read every segment key). None if there is none."""
+        head = await self.head(log_id)
+        if head is None or head.last_seq < 0:
+            return None
+        return await self.segment(log_id, head.last_seq)
 
     async def segments(self, log_id: int, from_seq: int = 0, page: int = 500) -> AsyncIterator[list[Segment]]:
         """Stored segments from `from_seq` on, in order, one page (one range read) at a time."""

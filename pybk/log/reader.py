@@ -145,21 +145,35 @@ class SegmentView:
 
 async def find_segment(logs: "Logs", ref: "LogRef", offset: int) -> Segment | None:
     """The segment holding `offset` (or, past the end, the last one); None if there is no segment.
-    Binary search over the sequence numbers: each step one range read of one key."""
+    A search over the sequence numbers, each step one key read: steps alternate between guessing
+    from the offsets (segments of similar sizes: found in a few steps) and halving (never more
+    than twice the steps of a binary search)."""
     meta = logs.meta
     first = await meta.segment_at_or_after(ref.log_id, 0)
     if first is None:
         return None
     last = await meta.last_segment(ref.log_id)
-    lo, hi = first.seq, last.seq          # the last segment starting at or before offset
+    if last is None or last.first_offset <= offset:
+        return last or first
+    # the answer, the last segment starting at or before offset, is in lo..hi; hi_off is where
+    # segment hi + 1 starts
+    lo, lo_off, hi, hi_off = first.seq, first.first_offset, last.seq - 1, last.first_offset
+    found, guess = first, True
     while lo < hi:
-        mid = (lo + hi + 1) // 2
+        if guess and hi_off > lo_off:
+            mid = lo + 1 + (offset - lo_off) * (hi + 1 - lo) // (hi_off - lo_off)
+            mid = min(max(mid, lo + 1), hi)
+        else:
+            mid = (lo + hi + 1) // 2
+        guess = not guess
         s = await meta.segment_at_or_after(ref.log_id, mid)
         if s is not None and s.first_offset <= offset:
-            lo = s.seq
+            lo, lo_off, found = s.seq, s.first_offset, s
         else:
             hi = mid - 1
-    return await meta.segment_at_or_after(ref.log_id, lo)
+            if s is not None and s.seq == mid:
+                hi_off = s.first_offset
+    return found if found.seq == lo else await meta.segment_at_or_after(ref.log_id, lo)
 
 
 async def segment_at_time(logs: "Logs", ref: "LogRef", timestamp: int) -> Segment | None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from pybk.client.errors import BKError, LedgerClosedError, LedgerFencedError
 
-from . import codec, failpoints
+from . import codec, failpoints, metrics
 from .dedup import Dedup, Duplicate, Forgotten
 from .errors import (DuplicateSequenceError, InvalidLogConfigError, LogClosedError, LogError, LogFencedError,
                      LogNotFoundError)
@@ -47,7 +47,7 @@ def now_ms() -> int:
 class _Batch:
     """The records of one entry: built, then sent, then acknowledged (`done`)."""
 
-    __slots__ = ("builder", "first_index", "producer", "first_seq", "done", "segment")
+    __slots__ = ("builder", "first_index", "producer", "first_seq", "done", "segment", "count", "size")
 
     def __init__(self, first_index: int, producer: int, first_seq: int, done: asyncio.Future, segment: "_Seg"):
         self.builder = codec.BatchBuilder()
@@ -56,6 +56,8 @@ class _Batch:
         self.first_seq = first_seq
         self.done = done
         self.segment = segment
+        self.count = 0      # records and bytes, once sent
+        self.size = 0
 
 
 class _Seg:
@@ -233,6 +235,7 @@ class LogWriter:
         self._loop = asyncio.get_running_loop()
         self._producer = options.producer_id or 0
         self.rolls = 0
+        self._metrics = metrics.WriterMetrics(ref.name)
         self._roll_after = 0.0                # no roll before (monotonic time): the last one could not start
         r = ref.config.rollover
         checks = [t for t in (r.max_age, r.max_idle) if t is not None]
@@ -397,6 +400,8 @@ class LogWriter:
         bb = b.builder
         seg.records += bb.count
         seg.bytes += len(body)
+        b.count, b.size = bb.count, len(body)
+        metrics.BATCH_FILL.observe(min(1.0, len(body) / self.options.batch_bytes))
         if seg.min_ts < 0:
             seg.min_ts = codec.decode(body).timestamps[0].item() if bb.count else -1
         seg.max_ts = max(seg.max_ts, bb.max_ts)
@@ -419,6 +424,10 @@ class LogWriter:
         self._inflight.discard(b)
         if not b.done.done():
             b.done.set_result(None)
+            m = self._metrics
+            m.records.inc(b.count)
+            m.bytes.inc(b.size)
+            m.entries.inc()
 
     def _reject(self, b: _Batch, exc: BaseException) -> None:
         self._inflight.discard(b)
@@ -452,6 +461,8 @@ class LogWriter:
     def _fail(self, err: BaseException) -> None:
         if self._error is None:
             self._error = err
+            if isinstance(err, LogFencedError):
+                self._metrics.fencings.inc()
             log.warning("log %s: writer of epoch %d stops: %s", self.name, self.epoch, err)
         if self._batch is not None:
             self._flush()
@@ -527,6 +538,7 @@ class LogWriter:
         new = _Seg(old.seq + 1, self._next_offset, next_lh, committed=False, created=time.monotonic())
         self._seg, self._index = new, 0
         self.rolls += 1
+        self._metrics.rolls.inc()
         try:
             await old.lh.close()
             await failpoints.hit("roll.after_close")

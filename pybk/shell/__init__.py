@@ -14,7 +14,7 @@ commands (autorecovery) add theirs in a module named in `main.EXTENSION_MODULES`
 """
 from __future__ import annotations
 
-from . import bookies, ledgers, jobs, top  # noqa: F401 - registers their commands, in the order `--help` lists them
+from . import bookies, ledgers, jobs, logs, top  # noqa: F401 - registers their commands, in the order `--help` lists them
 from .core import COMMANDS, Shell, ShellError, command, resolve_cluster, resolve_metadata_uri
 from .format import entry_json, format_table, human_bytes, payload_preview
 from .ledgers import fragments_json, ledger_json

@@ -160,6 +160,22 @@ def frame(now_ms: int, registered: Mapping[str, BookieState], samples: Mapping[s
     }
 
 
+def log_rows(ends: Mapping[str, int | None], previous: Mapping[str, int | None], elapsed: float | None,
+             limit: int) -> list[dict[str, Any]]:
+    """The busiest logs: each log's end offset now and its records/s since the previous frame
+    (None on the first frame, or for a log whose end could not be read), the `limit` fastest
+    first (then the longest; unknown figures last)."""
+    rows = []
+    for name, end in ends.items():
+        before = previous.get(name)
+        rate = ((end - before) / elapsed if end is not None and before is not None and elapsed and end >= before
+                else None)
+        rows.append({"log": name, "end_offset": end, "records_per_second": rate})
+    rows.sort(key=lambda r: (r["records_per_second"] is None, -(r["records_per_second"] or 0.0),
+                             r["end_offset"] is None, -(r["end_offset"] or 0), r["log"]))
+    return rows[:limit]
+
+
 def _num(v: float | None, fmt: str = "{:,.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -185,6 +201,10 @@ def render_frame(f: Mapping[str, Any]) -> str:
               _num(r.get("disk_usage_ratio"), "{:.0%}"), _num(r.get("ledgers")),
               _num(r.get("scrub_bad_entries"))] for r in f["rows"]]
     lines.append(format_table(headers, table, empty="no bookies registered"))
+    if f.get("logs") is not None:
+        lines += ["", format_table(["log", "records/s", "end offset"],
+                                   [[r["log"], _num(r["records_per_second"]), _num(r["end_offset"])]
+                                    for r in f["logs"]], empty="no logs")]
     return "\n".join(lines)
 
 
@@ -215,6 +235,25 @@ async def _scrape(session, http: str, security) -> Sample | None:
     return parse_sample(text, time.monotonic())
 
 
+LOG_SCAN_PARALLEL = 16   # logs whose end offsets are read at once
+
+
+async def _log_ends(sh: Shell) -> dict[str, int | None]:
+    """Every log's end offset now (None where it cannot be read: a MAC log without its password,
+    or no bookie answering): one etcd read per log, and the open segment's LAC from its bookies."""
+    from pybk.log import Logs
+    logs = Logs(await sh.bk())
+    gate = asyncio.Semaphore(LOG_SCAN_PARALLEL)
+
+    async def one(name: str) -> tuple[str, int | None]:
+        async with gate:
+            try:
+                return name, await logs.end_offset(name)
+            except Exception:  # shown as unknown, not a failure of the view
+                return name, None
+    return dict(await asyncio.gather(*[one(n) async for n, _ in logs.meta.names()]))
+
+
 async def _poll(sh: Shell, session, security, previous: Mapping[str, Sample | None]) -> tuple[dict, dict]:
     """Fetch one frame's inputs; returns (frame, samples by bookie)."""
     from pybk.recovery.admin import list_under_replicated, who_is_auditor
@@ -233,14 +272,17 @@ async def _poll(sh: Shell, session, security, previous: Mapping[str, Sample | No
 def _top_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between frames (default 2); rates are over this interval")
+    p.add_argument("--logs", type=int, default=5, metavar="N",
+                   help="show the N busiest named logs by records/s between frames (default 5; 0: none). Each "
+                        "frame reads every log's end offset: one etcd read and one bookie read per log")
     p.add_argument("--count", type=int, default=0, metavar="N",
                    help="stop after N frames (default: run until Ctrl-C); with -o json each frame is "
                         "one JSON object on its own line")
 
 
 @command("top", "live view of the cluster: bookies by state, add/read rates, fsync p99, write cache, "
-         "disk, under-replicated ledgers (refreshes every --interval; reads each bookie's /metrics, "
-         "open by default, else with the shell's token, which then needs `reader`)", _top_args, stream=True)
+         "disk, under-replicated ledgers, the busiest named logs (refreshes every --interval; reads each "
+         "bookie's /metrics, open by default, else with the shell's token, which then needs `reader`)", _top_args, stream=True)
 async def top(sh: Shell, args: argparse.Namespace) -> None:
     import aiohttp
 
@@ -252,12 +294,18 @@ async def top(sh: Shell, args: argparse.Namespace) -> None:
     security = sh.security if sh.security is not None else ClientSecurity.from_env()
     clear = args.output == "text" and sys.stdout.isatty()
     previous: dict[str, Sample | None] = {}
+    log_ends: dict[str, int | None] = {}
+    log_at: float | None = None
     shown = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT)) as session:
         while True:
             started = time.monotonic()
             f, samples = await _poll(sh, session, security, previous)
             previous = {b: s if s is not None else previous.get(b) for b, s in samples.items()}
+            if args.logs > 0:
+                ends, now = await _log_ends(sh), time.monotonic()
+                f["logs"] = log_rows(ends, log_ends, now - log_at if log_at is not None else None, args.logs)
+                log_ends, log_at = ends, now
             if args.output == "json":
                 print(json.dumps(f), flush=True)
             else:

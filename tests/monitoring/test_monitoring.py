@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 from polling import eventually
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pybk.cluster.spec import load_manifest
@@ -311,7 +311,11 @@ def scrape(url: str) -> dict[str, str]:
     """Every series name a /metrics page can carry, with its family's type (counters: name_total,
     histograms: name_bucket/_sum/_count), from the families it declares, with samples or not."""
     with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
+        return scrape_text(resp.read().decode())
+
+
+def scrape_text(text: str) -> dict[str, str]:
+    """`scrape` of an exposition already read."""
     names: dict[str, str] = {}
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""],
                 "summary": ["_sum", "_count", ""], "info": ["_info"], "untyped": [""]}
@@ -341,9 +345,13 @@ def test_every_metric_the_dashboard_and_alerts_use_is_exported_by_real_processes
     used = {n for e in dashboard_exprs() + [r["expr"] for r in alert_rules()] for n in metric_names(e)}
     assert {"pybk_bookie_adds_total", "pybk_recovery_is_auditor", "pybk_bookie_grpc_errors_total", "up"} <= used
     assert not {"by", "group", "sum"} & used  # the parser skips PromQL's own words
+    import pybk.log.metrics  # noqa: F401 - a process using named logs exports the writers' metrics
+    exported["a named-log writer"] = scrape_text(generate_latest().decode())
     for name in sorted(used - {"up"}):  # `up` is Prometheus' own, per target
-        if name.startswith("pybk_recovery_"):
+        if name.startswith(("pybk_recovery_", "pybk_log_retention_", "pybk_log_end_offset", "pybk_log_cursor_lag")):
             where = ["pybk-autorecovery"]
+        elif name.startswith("pybk_log_"):
+            where = ["a named-log writer"]
         elif name.startswith("pybk_etcd_"):
             where = ["pybk-bookie", "pybk-autorecovery"]
         else:

@@ -1,0 +1,437 @@
+"""`pybk bench log`: named logs (pybk.log) on a local cluster (etcd + 3 bookie processes, fsync on,
+E3/Qw3/Qa2) or an existing one (`--metadata-uri`), against the goals of docs/logs.md.
+
+Each round measures, on one cluster:
+- `100 B pipelined`: one writer, `append_nowait` of 100-byte records (records/s, ack latency of
+  every 64th record);
+- `100 B append_many`: the same records by `append_many` (lists of 10,000, 8 calls in flight);
+- `1 KiB pipelined` and, on the same cluster, the ledger write path at window 256 with 1 KiB
+  entries (`pybk bench write`'s run): the ratio log records/s / ledger entries/s;
+- `end-to-end`: a tailing reader's delay from `append` to the record's arrival at --rate
+  records/s, beside the ledger path's window-1 add latency with records of the same size; then
+  again tuned for latency (WriterOptions(linger=0), ClientOptions(explicit_lac_delay=0.001));
+- `takeover`: a writer process appending under load is killed with -9; a new writer opens and
+  appends: time from `open_writer` being called to its first acknowledged append (--takeovers times);
+- `etcd bytes per idle log`: the keys and values of a log with a name, config, head, one closed
+  segment and one cursor;
+- `open of N segments`: a log whose head and N closed segments are written straight into etcd,
+  then `open_writer` (it reads only the last segment) and finding the segment of a middle offset
+  (a binary search over the segment keys).
+With `--peer-nats` JetStream R3 (`sync_interval: always`, `publish_async` with at most
+--peer-window pending) publishes the same number of 100-byte messages in the same round, and the
+ratio pybk / JetStream of records/s is printed. `--repeat N` runs N rounds (fresh clusters) and
+prints each, the medians and the goals met or missed. Prints the exact command.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from pybk import eventloop
+
+from .stats import cpu_seconds, summary
+
+PASSWORD = b"bench-log"
+RECORD = 100
+KIB = 1024
+
+EPILOG = """\
+goals (docs/logs.md; checked on the medians):
+  100 B pipelined records/s >= 10x JetStream's (with --peer-nats); append_many >= 1,000,000 records/s;
+  1 KiB records/s >= the ledger path's entries/s at window 256; end-to-end p50 within 2 ms of the
+  window-1 add p50, p99 <= 10 ms; takeover p50 <= 100 ms; etcd bytes per idle log <= 1 KiB;
+  opening a log of 100,000 segments <= 1 s.
+
+  The published figures (docs/performance.md): pybk bench log --peer-nats --repeat 5
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata-uri", metavar="URI",
+                        help="use this running cluster instead of starting etcd and bookies locally")
+    parser.add_argument("--bookies", type=int, default=3, help="bookies to start locally (default 3)")
+    parser.add_argument("--dir", help="parent dir of the local cluster's data (default: a temp dir)")
+    parser.add_argument("--bookie-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra `pybk bookie` option for the local bookies (repeatable)")
+    parser.add_argument("--records", type=int, default=200_000,
+                        help="100-byte records of the pipelined run, and JetStream messages (default 200000)")
+    parser.add_argument("--many-records", type=int, default=2_000_000,
+                        help="100-byte records of the append_many run (default 2000000)")
+    parser.add_argument("--kib-records", type=int, default=100_000,
+                        help="1 KiB records, and ledger entries at window 256 (default 100000)")
+    parser.add_argument("--rate", type=int, default=1000, help="records/s of the end-to-end run (default 1000)")
+    parser.add_argument("--latency-records", type=int, default=5000,
+                        help="records of the end-to-end run, and window-1 ledger adds (default 5000)")
+    parser.add_argument("--takeovers", type=int, default=5, help="forced writer takeovers measured (default 5)")
+    parser.add_argument("--segments", type=int, default=100_000,
+                        help="segments of the log whose open is timed (default 100000)")
+    parser.add_argument("--peer-nats", action="store_true",
+                        help="JetStream R3 sync=always publishes --records 100-byte messages in each round "
+                             "(needs pip install 'pybk[bench]')")
+    parser.add_argument("--peer-window", type=int, default=1024,
+                        help="JetStream publish_async max pending (default 1024)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="rounds (default 1; 5 published)")
+    parser.add_argument("-o", "--output", choices=["human", "json"], default="human",
+                        help="human-readable lines (default) or one JSON object")
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+# ---- the measured runs --------------------------------------------------------------------------
+
+async def pipelined(w, n: int, size: int, chunk: int = 8192) -> tuple[float, list[float]]:
+    """n records by append_nowait, at most two chunks unacknowledged; (seconds, latencies of every
+    64th record)."""
+    payload = os.urandom(size)
+    perf = time.perf_counter
+    lat: list[float] = []
+    prev = None
+    t0 = perf()
+    for start in range(0, n, chunk):
+        last = None
+        for i in range(start, min(n, start + chunk)):
+            last = w.append_nowait(payload)
+            if not i & 63:
+                last.add_done_callback(lambda p, t=perf(): lat.append(perf() - t))
+        if prev is not None:
+            await prev
+        prev = last
+    await prev
+    return perf() - t0, lat
+
+
+async def many(w, n: int, size: int, chunk: int = 10_000, inflight: int = 8) -> tuple[float, list[float]]:
+    """n records by append_many in lists of `chunk`, `inflight` calls at once; (seconds, each
+    call's latency)."""
+    payloads = [os.urandom(size)] * chunk
+    perf = time.perf_counter
+    lat: list[float] = []
+
+    async def call(k: int) -> None:
+        t = perf()
+        await w.append_many(payloads if k == chunk else payloads[:k])
+        lat.append(perf() - t)
+    tasks: list[asyncio.Future] = []
+    t0 = perf()
+    for start in range(0, n, chunk):
+        tasks.append(asyncio.ensure_future(call(min(chunk, n - start))))
+        if len(tasks) >= inflight:
+            await tasks.pop(0)
+    await asyncio.gather(*tasks)
+    return perf() - t0, lat
+
+
+async def end_to_end(logs, name: str, n: int, rate: int, linger: float = 0.001) -> tuple[float, list[float]]:
+    """n records at `rate`/s; each one's delay from append_nowait to a tailing reader."""
+    from pybk.log import WriterOptions
+    perf = time.perf_counter
+    w = await logs.open_writer(name, password=PASSWORD, options=WriterOptions(linger=linger))
+    r = await logs.open_reader(name, start="latest")
+    base = w.next_offset
+    sent = [0.0] * n
+    lat = [0.0] * n
+    pad = os.urandom(RECORD)
+
+    async def consume() -> None:
+        got = 0
+        async for rec in r:
+            lat[rec.offset - base] = perf() - sent[rec.offset - base]
+            got += 1
+            if got == n:
+                return
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.2)   # the reader is waiting at the head
+    t0 = perf()
+    for i in range(n):
+        delay = t0 + i / rate - perf()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[i] = perf()
+        w.append_nowait(pad)
+    await asyncio.wait_for(task, 60 + n / rate)
+    seconds = perf() - t0
+    await r.close()
+    await w.close()
+    return seconds, lat
+
+
+TAKEOVER_CHILD = """
+import asyncio, sys
+from pybk.client import BookKeeper
+from pybk.log import Logs
+async def main(uri, name, pw):
+    bk = await BookKeeper.connect(uri)
+    w = await Logs(bk).open_writer(name, password=pw.encode())
+    payloads = [b"x" * 100] * 1000
+    print("OPEN", flush=True)
+    while True:
+        await w.append_many(payloads)
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+async def takeovers(logs, uri: str, name: str, times: int) -> list[float]:
+    """Seconds from open_writer to the first acknowledged append after a writer under load is
+    killed with -9, `times` times."""
+    out = []
+    for _ in range(times):
+        child = subprocess.Popen([sys.executable, "-c", TAKEOVER_CHILD, uri, name, PASSWORD.decode()],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
+            if line.strip() != b"OPEN":
+                raise RuntimeError("the takeover child did not open its writer")
+            await asyncio.sleep(0.5)   # under load
+        finally:
+            child.kill()
+            child.wait()
+        t0 = time.perf_counter()
+        w = await logs.open_writer(name, password=PASSWORD)
+        await w.append(b"first")
+        out.append(time.perf_counter() - t0)
+        await w.close()
+    return out
+
+
+async def idle_log_bytes(logs, name: str) -> int:
+    """etcd key and value bytes of an idle log: name, config, head, one closed segment, one cursor."""
+    from pybk.meta.etcd import prefix_end
+    ref = await logs.create(name, password=PASSWORD)
+    async with await logs.open_writer(name, password=PASSWORD) as w:
+        await w.append(b"x" * RECORD)
+    await logs.commit(name, "consumer", 1)
+    k = logs.meta.keys
+    resp = await logs.meta.etcd.range(k.log(ref.log_id), prefix_end(k.log(ref.log_id)))
+    name_kv = await logs.meta.etcd.get(k.name(name))
+    return sum(len(kv.key) + len(kv.value) for kv in resp.kvs) + len(name_kv.key) + len(name_kv.value)
+
+
+async def open_many_segments(logs, name: str, count: int) -> tuple[float, float, float]:
+    """(seconds to write them, seconds of open_writer, seconds to find a middle offset's segment) for
+    a log of `count` closed segments of 100 records written straight into etcd."""
+    from pybk.log.layout import Head, Segment, SegmentState
+    from pybk.log.reader import find_segment
+    from pybk.meta.etcd import op_put
+    ref = await logs.create(name, password=PASSWORD)
+    k = logs.meta.keys
+    now = int(time.time() * 1000)
+    t0 = time.perf_counter()
+    for start in range(0, count, 127):
+        ops = [op_put(k.segment(ref.log_id, s), Segment(s, 1 << 40 | s, SegmentState.CLOSED, 1, s * 100, 100, 11_600,
+                                                        now, now, 0, now).to_bytes())
+               for s in range(start, min(count, start + 127))]
+        await logs.meta.etcd.txn([], ops, what="bench segments")
+    await logs.meta.etcd.put(k.head(ref.log_id), Head(1, "bench", last_seq=count - 1).to_bytes())
+    written = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w = await logs.open_writer(name, password=PASSWORD)
+    opened = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    seg = await find_segment(logs, ref, count * 50 + 7)
+    found = time.perf_counter() - t0
+    assert seg is not None and seg.seq == count // 2, seg
+    await w.close()
+    return written, opened, found
+
+
+def _row(name: str, n: int, size: int, seconds: float, lat: list[float], cpu: float, bcpu: float | None,
+         **extra: Any) -> dict:
+    return summary(name, n, size, seconds, lat, client_cpu_us_per_entry=round(cpu / n * 1e6, 2),
+                   **({"bookies_cpu_us_per_entry": round(bcpu / n * 1e6, 2)} if bcpu is not None else {}), **extra)
+
+
+async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[dict]:
+    """Every run of a round on the cluster at uri (see the module docstring)."""
+    from pybk.client import BookKeeper
+    from pybk.client.bookkeeper import ClientOptions
+    from pybk.log import Logs
+
+    from .write import bench_writes
+    out = []
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+
+        async def timed(label: str, log: str, fn, n: int, size: int) -> dict:
+            await logs.create(log, password=PASSWORD)
+            async with await logs.open_writer(log, password=PASSWORD) as w:
+                await fn(w, min(n, 20_000), size)   # warm-up: streams, caches, the next segment made ahead
+                cpu0, bcpu0 = time.process_time(), cpu_seconds(pids)
+                seconds, lat = await fn(w, n, size)
+                cpu, bcpu = time.process_time() - cpu0, cpu_seconds(pids) - bcpu0
+            return _row(label, n, size, seconds, lat, cpu, bcpu if pids else None)
+
+        out.append(await timed("log 100 B pipelined", "bench-pipelined", pipelined, args.records, RECORD))
+        out.append(await timed("log 100 B append_many", "bench-many", many, args.many_records, RECORD))
+        out.append(await timed("log 1 KiB pipelined", "bench-kib", pipelined, args.kib_records, KIB))
+        ledger = argparse.Namespace(ensemble=3, write_quorum=3, ack_quorum=2, size=KIB, entries=args.kib_records,
+                                    window1_entries=args.latency_records)
+        out += await bench_writes(uri, pids, ledger, [256])
+        ledger.size = RECORD
+        out += await bench_writes(uri, pids, ledger, [1], label=" 100 B")
+
+        await logs.create("bench-e2e", password=PASSWORD)
+        seconds, lat = await end_to_end(logs, "bench-e2e", args.latency_records, args.rate)
+        out.append(summary(f"log end-to-end append -> tailing reader at {args.rate}/s", args.latency_records,
+                           RECORD, seconds, lat))
+        # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
+        async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
+            tlogs = Logs(tuned)
+            await tlogs.create("bench-e2e-tuned", password=PASSWORD)
+            seconds, lat = await end_to_end(tlogs, "bench-e2e-tuned", args.latency_records, args.rate, linger=0)
+        out.append(summary(f"log end-to-end at {args.rate}/s, linger 0, explicit LAC 1 ms", args.latency_records,
+                           RECORD, seconds, lat))
+
+        await logs.create("bench-takeover", password=PASSWORD)
+        times = sorted(await takeovers(logs, uri, "bench-takeover", args.takeovers))
+        out.append({"run": "log forced takeover: open_writer -> first ack", "takeovers": len(times),
+                    "p50_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(times[-1] * 1000, 1)})
+        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, "bench-idle")})
+        written, opened, found = await open_many_segments(logs, "bench-segments", args.segments)
+        out.append({"run": f"log open of {args.segments} segments", "segments": args.segments,
+                    "open_writer_ms": round(opened * 1000, 1), "find_segment_ms": round(found * 1000, 1),
+                    "etcd_write_s": round(written, 1)})
+    return out
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """The ratios the goals are stated in, from one round's rows."""
+    by = {r["run"]: r for r in results}
+    out = []
+    kib, ledger = by.get("log 1 KiB pipelined"), by.get("pybk E3/Qw3/Qa2 window=256")
+    if kib and ledger:
+        out.append({"run": "log 1 KiB / ledger window=256", "peer": "ledger",
+                    "throughput_ratio": round(kib["entries_per_s"] / ledger["entries_per_s"], 3),
+                    "p50_ratio": round(kib["p50_ms"] / ledger["p50_ms"], 3) if ledger["p50_ms"] else None})
+    peer = next((r for r in results if r["run"].startswith("nats-jetstream")), None)
+    if peer:
+        for name in ("log 100 B pipelined", "log 100 B append_many"):
+            out.append({"run": f"{name} / JetStream", "peer": peer["run"],
+                        "throughput_ratio": round(by[name]["entries_per_s"] / peer["entries_per_s"], 3),
+                        "p50_ratio": None})
+    return out
+
+
+def one_round(args: argparse.Namespace) -> list[dict]:
+    from .write import cluster
+    with cluster(args) as (uri, pids):
+        results = eventloop.run(measure(uri, pids, args))
+    if args.peer_nats:
+        from .peer_nats import run_jetstream
+        results += run_jetstream([(args.peer_window, args.records)], RECORD, args.dir)
+    return results + ratios(results)
+
+
+NUMERIC_SKIP = {"run", "entries", "size", "window", "ledger_id", "peer", "segments", "takeovers", "stream_messages"}
+
+
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    """Per run name, the median of each figure over the rounds (each round's value too)."""
+    groups: dict[str, list[dict]] = {}
+    for results in rounds:
+        for r in results:
+            groups.setdefault(r["run"], []).append(r)
+    out = []
+    for name, rows in groups.items():
+        row: dict = {"run": name, "rounds": len(rows)}
+        for key, first in rows[0].items():
+            values = [r.get(key) for r in rows]
+            if key not in NUMERIC_SKIP and isinstance(first, (int, float)):
+                present = [v for v in values if v is not None]
+                row[key] = round(statistics.median(present), 3) if present else None
+                if len(rows) > 1:
+                    row[key + "_rounds"] = values
+            elif key != "run":
+                row[key] = first
+        out.append(row)
+    return out
+
+
+def goals(middle: list[dict]) -> list[str]:
+    """Each goal of docs/logs.md with the median figure and whether it is met."""
+    by = {r["run"]: r for r in middle}
+    lines = []
+
+    def check(text: str, value: float | None, ok: bool | None) -> None:
+        verdict = "n/a" if value is None or ok is None else ("met" if ok else "MISSED")
+        lines.append(f"{text}: {verdict}")
+    jet = by.get("log 100 B pipelined / JetStream")
+    check(f"100 B pipelined >= 10x JetStream records/s ({jet['throughput_ratio']:.2f}x)" if jet else
+          "100 B pipelined >= 10x JetStream records/s (run with --peer-nats)",
+          jet and jet["throughput_ratio"], jet and jet["throughput_ratio"] >= 10)
+    m = by.get("log 100 B append_many")
+    check(f"append_many >= 1,000,000 records/s ({m['entries_per_s']:,.0f})", m["entries_per_s"],
+          m["entries_per_s"] >= 1_000_000)
+    k = by.get("log 1 KiB / ledger window=256")
+    check(f"1 KiB records/s >= ledger entries/s ({k['throughput_ratio']:.2f}x)", k["throughput_ratio"],
+          k["throughput_ratio"] >= 1)
+    w1 = next(r for n, r in by.items() if n.endswith("window=1 100 B"))
+    for e2e in (r for n, r in by.items() if n.startswith("log end-to-end")):
+        how = "" if "linger 0" not in e2e["run"] else " (linger 0, explicit LAC 1 ms)"
+        check(f"end-to-end{how} p50 {e2e['p50_ms']:.2f} ms within 2 ms of window-1 add p50 {w1['p50_ms']:.2f} ms",
+              e2e["p50_ms"], e2e["p50_ms"] <= w1["p50_ms"] + 2)
+        check(f"end-to-end{how} p99 {e2e['p99_ms']:.2f} ms <= 10 ms", e2e["p99_ms"], e2e["p99_ms"] <= 10)
+    t = by["log forced takeover: open_writer -> first ack"]
+    check(f"takeover p50 {t['p50_ms']:.1f} ms <= 100 ms", t["p50_ms"], t["p50_ms"] <= 100)
+    b = by["log etcd bytes per idle log"]
+    check(f"etcd bytes per idle log {b['bytes']:.0f} <= 1024", b["bytes"], b["bytes"] <= 1024)
+    o = next(r for n, r in by.items() if n.startswith("log open of"))
+    check(f"open_writer of a log of {o['segments']} segments {o['open_writer_ms']:.1f} ms <= 1000 ms",
+          o["open_writer_ms"], o["open_writer_ms"] <= 1000)
+    return lines
+
+
+def format_row(r: dict) -> str:
+    from .write import format_result
+    if "entries_per_s" in r or "peer" in r:
+        return format_result(r).replace(" entries ", " records ").replace("entries/s", "records/s") \
+            if r["run"].startswith("log") else format_result(r)
+    return r["run"] + ": " + ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("run", "rounds")
+                                       and not k.endswith("_rounds"))
+
+
+def run(args: argparse.Namespace) -> int:
+    command = "pybk " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.repeat < 1:
+        print(f"pybk bench log: --repeat must be at least 1, not {args.repeat}", file=sys.stderr)
+        return 2
+    if args.peer_nats:
+        from .peer_nats import PeerMissing, check_installed
+        try:
+            check_installed()
+        except PeerMissing as e:
+            print(f"pybk bench log: error: {e}", file=sys.stderr)
+            return 1
+    started = time.time()
+    load = os.getloadavg()[0]
+    rounds = [one_round(args) for _ in range(args.repeat)]
+    middle = medians(rounds)
+    checked = goals(middle)
+    if args.output == "json":
+        print(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
+                          "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
+                          "repeat": len(rounds), "rounds": [{"round": i, "results": r} for i, r in
+                                                            enumerate(rounds, 1)],
+                          "medians": middle, "goals": checked}))
+        return 0
+    for i, results in enumerate(rounds, 1):
+        print(f"round {i} of {len(rounds)}:")
+        for r in results:
+            print("  " + format_row(r))
+    print(f"medians of {len(rounds)} rounds:")
+    for r in middle:
+        print("  " + format_row(r))
+    print("goals:")
+    for line in checked:
+        print("  " + line)
+    print(f"load average: {load:.2f} before, {os.getloadavg()[0]:.2f} after (1 min)")
+    print(f"command: {command}")
+    return 0
+
