@@ -28,40 +28,12 @@ from pybk.cluster.status import conditions, now_rfc3339, status as build_status
 from pybk.security.settings import ClientSecurity
 
 from . import render
+from .connections import METADATA_TIMEOUT, PerUri, metadata_stores
 from .kube import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY = 15.0
-METADATA_TIMEOUT = 10.0
-
-
-class Stores:
-    """One MetadataStore per metadata URI, connected on first use and kept."""
-
-    def __init__(self) -> None:
-        self._stores: dict[str, Any] = {}
-
-    async def get(self, uri: str):
-        store = self._stores.get(uri)
-        if store is None:
-            from pybk.meta import MetadataStore
-
-            store = await asyncio.wait_for(MetadataStore.connect(uri), METADATA_TIMEOUT)
-            self._stores[uri] = store
-        return store
-
-    async def drop(self, uri: str) -> None:
-        store = self._stores.pop(uri, None)
-        if store is not None:
-            try:
-                await store.close()
-            except Exception:  # noqa: BLE001 - closing a broken store must not hide the first error
-                log.debug("closing the metadata store of %s failed", uri, exc_info=True)
-
-    async def close(self) -> None:
-        for uri in list(self._stores):
-            await self.drop(uri)
 
 
 @dataclass
@@ -70,7 +42,7 @@ class OperatorContext:
     kube: KubeApi
     default_metadata_uri: str | None = None
     security: ClientSecurity | None = None  # what it presents to autorecovery (None: the environment's)
-    stores: Stores = field(default_factory=Stores)
+    stores: PerUri = field(default_factory=metadata_stores)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def metadata_uri(self, spec: BookieClusterSpec) -> str | None:

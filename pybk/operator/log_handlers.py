@@ -28,6 +28,7 @@ from pybk.cluster.spec import BookieClusterSpec
 from pybk.cluster.spec import KIND as CLUSTER_KIND
 
 from . import handlers
+from .connections import bookkeepers
 from .kube import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
@@ -36,35 +37,7 @@ RETRY_DELAY = 15.0      # a wait (a writer holds the log, etcd does not answer) 
 LOG_TIMEOUT = 30.0      # one look at a log (etcd reads, the open segment's LAC from its bookies)
 
 
-class Clients:
-    """One BookKeeper client per metadata URI, connected on first use and kept."""
-
-    def __init__(self) -> None:
-        self._clients: dict[str, Any] = {}
-
-    async def get(self, uri: str):
-        bk = self._clients.get(uri)
-        if bk is None:
-            from pybk.client import BookKeeper
-
-            bk = await asyncio.wait_for(BookKeeper.connect(uri), handlers.METADATA_TIMEOUT)
-            self._clients[uri] = bk
-        return bk
-
-    async def drop(self, uri: str) -> None:
-        bk = self._clients.pop(uri, None)
-        if bk is not None:
-            try:
-                await bk.close()
-            except Exception:  # noqa: BLE001 - closing a broken client must not hide the first error
-                log.debug("closing the client of %s failed", uri, exc_info=True)
-
-    async def close(self) -> None:
-        for uri in list(self._clients):
-            await self.drop(uri)
-
-
-CLIENTS = Clients()
+CLIENTS = bookkeepers()  # one BookKeeper client per cluster
 
 
 async def read_password(kube: KubeApi, spec: BookieLogSpec) -> tuple[SecretState, bytes | None]:
