@@ -37,7 +37,6 @@ PARTITION_KEY = "pybk.spark.partition"
 STATE_KEY = "pybk.spark.state"
 QUERY_KEY = "pybk.spark.query"   # a streaming sink's ledger: the query whose micro-batch wrote it
 BATCH_KEY = "pybk.spark.batch"   # ... and the micro-batch id
-DEFAULT_GRACE_S = 86400.0  # an undecided job's ledgers are kept this long (a job may run for hours)
 
 
 class WriteState(enum.StrEnum):

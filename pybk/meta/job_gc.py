@@ -123,7 +123,7 @@ class GcReport:
                 "errors": {str(k): v for k, v in sorted(self.errors.items())}}
 
 
-async def collect(store, delete: Delete | None = None, *, grace_s: float = commit.DEFAULT_GRACE_S,
+async def collect(store, delete: Delete | None = None, *, grace_s: float,
                   retention_s: float = DEFAULT_RETENTION_S, dry_run: bool = False,
                   now_ms: int | None = None) -> GcReport:
     """One pass over every job ledger, by `commit.gc_action`: finish commits, delete what no

@@ -10,11 +10,12 @@ from .core import Shell, ShellError, command
 
 
 def _gc_args(p: argparse.ArgumentParser) -> None:
-    from pybk.meta.job_commit import DEFAULT_GRACE_S
+    from pybk.config import AUTORECOVERY
     from pybk.meta.job_gc import DEFAULT_RETENTION_S
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
+    grace = AUTORECOVERY.option("job_gc_grace").default  # autorecovery's own pass uses the same default
+    p.add_argument("--grace", type=float, default=grace, metavar="SECONDS",
                    help="a job that has not decided this long after creating a ledger is aborted and its "
-                        f"ledgers deleted (default {DEFAULT_GRACE_S:.0f}; jobs running longer fail their commit)")
+                        f"ledgers deleted (default {grace:.0f}; jobs running longer fail their commit)")
     p.add_argument("--retention", type=float, default=DEFAULT_RETENTION_S, metavar="SECONDS",
                    help="remove job records older than this whose ledgers are all committed or gone "
                         f"(default {DEFAULT_RETENTION_S:.0f})")
