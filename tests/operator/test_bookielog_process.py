@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from kube_api import NAMESPACE, KubeApiServer
+from kube_api import NAMESPACE
 from polling import eventually
 from test_operator_process import CLUSTER, FINALIZER, Api, Operator, condition, manifest
 
@@ -33,15 +33,6 @@ def bookielog(name: str = "orders", **spec) -> dict:
     return {"apiVersion": "pybk.io/v1alpha1", "kind": "BookieLog", "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {"cluster": "demo", "passwordSecretRef": {"name": "orders-password"}, "rollover": ROLLOVER,
                      **spec}}
-
-
-@pytest.fixture
-def kube():
-    server = KubeApiServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

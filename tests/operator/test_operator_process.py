@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kube_api import NAMESPACE, RESOURCES, KubeApiServer
+from kube_api import NAMESPACE, RESOURCES
 from polling import eventually
 from pybk.cluster.controller import BELOW_ENSEMBLE, INVALID_SPEC
 from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION, BookieClusterSpec
@@ -238,15 +238,6 @@ def manifest(replicas: int, metadata_uri: str, **spec: Any) -> dict:
 
 
 SPEC = BookieClusterSpec.from_manifest(manifest(3, "etcd://unused:2379/pybk"))  # for names only
-
-
-@pytest.fixture
-def kube():
-    server = KubeApiServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
