@@ -58,6 +58,28 @@ class SpecError(ValueError):
         super().__init__("invalid BookieCluster: " + "; ".join(self.errors))
 
 
+
+def manifest_parts(doc: Any, api_version: str, kind: str, errors: list[str]) -> tuple[dict, dict]:
+    """(metadata, spec) of a manifest that should be a `kind` of `api_version`, each a dict ({}
+    when absent); what is wrong is added to `errors`. SpecError when `doc` is no mapping at all
+    (a mapping such as kopf's Body view is taken as one)."""
+    if not isinstance(doc, Mapping):
+        raise SpecError([f"manifest must be a mapping, got {type(doc).__name__}"])
+    doc = dict(doc)
+    if doc.get("apiVersion") != api_version:
+        errors.append(f"apiVersion must be {api_version!r}, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != kind:
+        errors.append(f"kind must be {kind!r}, got {doc.get('kind')!r}")
+    parts = []
+    for name in ("metadata", "spec"):
+        value = doc.get(name) or {}
+        if not isinstance(value, Mapping):
+            errors.append(f"{name} must be a mapping, got {value!r}")
+            value = {}
+        parts.append(dict(value))
+    return parts[0], parts[1]
+
+
 @dataclass(frozen=True)
 class VolumeSpec:
     """One persistent volume per bookie: size (a Kubernetes quantity) and storage class."""
@@ -143,22 +165,7 @@ class BookieClusterSpec:
     def from_manifest(cls, doc: dict[str, Any], *, validate: bool = True) -> "BookieClusterSpec":
         """Parse a BookieCluster manifest dict; raises SpecError naming every bad field."""
         errors: list[str] = []
-        if isinstance(doc, Mapping) and not isinstance(doc, dict):
-            doc = dict(doc)  # e.g. kopf's Body view
-        if not isinstance(doc, dict):
-            raise SpecError([f"manifest must be a mapping, got {type(doc).__name__}"])
-        if doc.get("apiVersion") != API_VERSION:
-            errors.append(f"apiVersion must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
-        if doc.get("kind") != KIND:
-            errors.append(f"kind must be {KIND!r}, got {doc.get('kind')!r}")
-        meta = doc.get("metadata") or {}
-        spec = doc.get("spec") or {}
-        if not isinstance(meta, dict):
-            errors.append("metadata must be a mapping")
-            meta = {}
-        if not isinstance(spec, dict):
-            errors.append("spec must be a mapping")
-            spec = {}
+        meta, spec = manifest_parts(doc, API_VERSION, KIND, errors)
         r = _Reader(errors)
         _unknown(errors, "spec", spec, {"replicas", "image", "imagePullPolicy", "metadataServiceUri",
                                         "storage", "resources", "config", "autorecovery",

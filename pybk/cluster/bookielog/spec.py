@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pybk.cluster.spec import API_VERSION, GROUP, VERSION, SpecError
+from pybk.cluster.spec import API_VERSION, GROUP, VERSION, SpecError, manifest_parts
 from pybk.entry import DigestType
 from pybk.log.errors import InvalidLogConfigError
 from pybk.log.options import LogConfig, Retention, RetentionPolicy, Rollover, check_name
@@ -93,15 +93,7 @@ class BookieLogSpec:
         """Parse a BookieLog manifest; SpecError naming every bad field (with `validate=False` the
         problems are kept in `errors` instead, so that an operator can report them in status)."""
         errors: list[str] = []
-        doc = dict(doc) if isinstance(doc, Mapping) else doc
-        if not isinstance(doc, dict):
-            raise SpecError([f"manifest must be a mapping, got {type(doc).__name__}"])
-        if doc.get("apiVersion") != API_VERSION:
-            errors.append(f"apiVersion must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
-        if doc.get("kind") != KIND:
-            errors.append(f"kind must be {KIND!r}, got {doc.get('kind')!r}")
-        meta = _mapping(doc.get("metadata"), "metadata", errors)
-        spec = _mapping(doc.get("spec"), "spec", errors)
+        meta, spec = manifest_parts(doc, API_VERSION, KIND, errors)
         _unknown(errors, "spec", spec, {"cluster", "logName", "passwordSecretRef", "digest", "replication",
                                         "rollover", "retention", "deletionPolicy"})
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
