@@ -8,7 +8,8 @@ Each round measures, on one cluster:
 - `1 KiB pipelined` and, on the same cluster, the ledger write path at window 256 with 1 KiB
   entries (`pybk bench write`'s run): the ratio log records/s / ledger entries/s;
 - `end-to-end`: a tailing reader's (in a process of its own) delay from `append` to the
-  record's arrival at --rate records/s, beside the ledger path's window-1 add latency with records of the same size; then
+  record's arrival at --rate records/s, beside the ledger path's window-1 add latency with
+  records of the same size; then
   again tuned for latency (WriterOptions(linger=0), ClientOptions(explicit_lac_delay=0.001));
 - `takeover`: a writer process appending under load is killed with -9; a new writer opens and
   appends: time from `open_writer` being called to its first acknowledged append (--takeovers times);
@@ -274,6 +275,10 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
 
     from .write import bench_writes
     out = []
+    tag = os.urandom(4).hex()   # log names of their own, also on a cluster given by --metadata-uri
+
+    def named(what: str) -> str:
+        return f"bench-{what}-{tag}"
     async with await BookKeeper.connect(uri) as bk:
         logs = Logs(bk)
 
@@ -286,33 +291,34 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
                 cpu, bcpu = time.process_time() - cpu0, cpu_seconds(pids) - bcpu0
             return _row(label, n, size, seconds, lat, cpu, bcpu if pids else None)
 
-        out.append(await timed("log 100 B pipelined", "bench-pipelined", pipelined, args.records, RECORD))
-        out.append(await timed("log 100 B append_many", "bench-many", many, args.many_records, RECORD))
-        out.append(await timed("log 1 KiB pipelined", "bench-kib", pipelined, args.kib_records, KIB))
+        out.append(await timed("log 100 B pipelined", named("pipelined"), pipelined, args.records, RECORD))
+        out.append(await timed("log 100 B append_many", named("many"), many, args.many_records, RECORD))
+        out.append(await timed("log 1 KiB pipelined", named("kib"), pipelined, args.kib_records, KIB))
         ledger = argparse.Namespace(ensemble=3, write_quorum=3, ack_quorum=2, size=KIB, entries=args.kib_records,
                                     window1_entries=args.latency_records)
         out += await bench_writes(uri, pids, ledger, [256])
         ledger.size = RECORD
         out += await bench_writes(uri, pids, ledger, [1], label=" 100 B")
 
-        await logs.create("bench-e2e", password=PASSWORD)
-        seconds, lat = await end_to_end(logs, uri, "bench-e2e", args.latency_records, args.rate)
+        await logs.create(named("e2e"), password=PASSWORD)
+        seconds, lat = await end_to_end(logs, uri, named("e2e"), args.latency_records, args.rate)
         out.append(summary(f"log end-to-end append -> tailing reader at {args.rate}/s", args.latency_records,
                            RECORD, seconds, lat))
         # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
         async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
             tlogs = Logs(tuned)
-            await tlogs.create("bench-e2e-tuned", password=PASSWORD)
-            seconds, lat = await end_to_end(tlogs, uri, "bench-e2e-tuned", args.latency_records, args.rate, linger=0)
+            await tlogs.create(named("e2e-tuned"), password=PASSWORD)
+            seconds, lat = await end_to_end(tlogs, uri, named("e2e-tuned"), args.latency_records, args.rate,
+                                            linger=0)
         out.append(summary(f"log end-to-end at {args.rate}/s, linger 0, explicit LAC 1 ms", args.latency_records,
                            RECORD, seconds, lat))
 
-        await logs.create("bench-takeover", password=PASSWORD)
-        times = sorted(await takeovers(logs, uri, "bench-takeover", args.takeovers))
+        await logs.create(named("takeover"), password=PASSWORD)
+        times = sorted(await takeovers(logs, uri, named("takeover"), args.takeovers))
         out.append({"run": "log forced takeover: open_writer -> first ack", "takeovers": len(times),
                     "p50_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(times[-1] * 1000, 1)})
-        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, "bench-idle")})
-        written, opened, found = await open_many_segments(logs, "bench-segments", args.segments)
+        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, named("idle"))})
+        written, opened, found = await open_many_segments(logs, named("segments"), args.segments)
         out.append({"run": f"log open of {args.segments} segments", "segments": args.segments,
                     "open_writer_ms": round(opened * 1000, 1), "find_segment_ms": round(found * 1000, 1),
                     "etcd_write_s": round(written, 1)})

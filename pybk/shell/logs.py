@@ -440,7 +440,8 @@ async def _truncate(logs: Any, args: argparse.Namespace) -> None:
     before = await logs.start_offset(args.name)
     start = await logs.truncate(args.name, args.before, password=password, force=args.force)
     _emit(args, {"name": args.name, "start_offset": start, "deleted_records": start - before},
-          lambda d: f"log {d['name']} now starts at offset {d['start_offset']} ({d['deleted_records']} records deleted)")
+          lambda d: f"log {d['name']} now starts at offset {d['start_offset']} "
+                    f"({d['deleted_records']} records deleted)")
 
 
 async def _delete(logs: Any, args: argparse.Namespace) -> None:
