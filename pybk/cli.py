@@ -12,7 +12,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "bookie": ("pybk.bookie.main", "run a bookie storage server"),
-    "autorecovery": ("pybk.recovery.main", "run the auditor and a replication worker"),
+    "autorecovery": ("pybk.autorecovery.main", "run the auditor and a replication worker"),
     "operator": ("pybk.operator.main", "run the Kubernetes operator for BookieCluster resources"),
     "local": ("pybk.local.main", "run a local cluster (etcd + bookies + autorecovery) as child processes"),
     "shell": ("pybk.shell", "inspect and administer a cluster (list bookies, ledgers, read, ...)"),

@@ -10,6 +10,13 @@ YAML file (`--config`) > default with validation (`resolve`, which also refuses 
 variable no pybk process knows, naming it, and leaves another process's setting alone) and the
 option reference `docs/options.md`
 (`reference`; regenerate it with `python -m pybk.config`).
+
+A process does not see the merged values as a dict: `load` builds its frozen settings object, a
+dataclass whose fields are the option objects its components take (a bookie's `JournalOptions`,
+`Limits`, ...). Each field of such an options dataclass names its option with `option_field`,
+which also gives it the table's default, so a default is declared here and nowhere else; `build`
+fills the dataclasses and refuses a settings class that leaves an option of its process unused,
+and `effective` reads the values back out of live components by option name.
 """
 from __future__ import annotations
 
@@ -22,14 +29,13 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar, get_type_hints
 
 import yaml
 
 from pybk.eventloop import EventLoop, parse_event_loop
 from pybk import logformat
 from pybk.logformat import LogFormat, parse_log_format
-from pybk.recovery.options import RecoveryOptions
 
 ENV_PREFIX = "PYBK_"
 log = logging.getLogger("pybk.config")
@@ -113,6 +119,7 @@ class Option:
     metavar: str | None = None
     env: str = ""
     short: str | None = None
+    secret: bool = False  # reported as set, never by value (`effective`)
 
     @property
     def flag(self) -> str:
@@ -134,8 +141,8 @@ class Option:
         return self.type(value)
 
     def value_in(self, environ: Mapping[str, str]) -> Any:
-        """This option's value in environ, else its default: for code that reads a setting where flags
-        cannot reach, e.g. at import time. ConfigError naming the variable if malformed."""
+        """This option's value in environ, else its default (converted: `value_in({})` is the
+        default option_field gives). ConfigError naming the variable if malformed."""
         if self.variable not in environ:
             return None if self.default is None else self.convert(self.default)
         raw = environ[self.variable]
@@ -205,32 +212,31 @@ SERVER_AUTH = (
 METADATA_URI = Option("metadata_uri", "metadata service, etcd://host:port[,host:port]/prefix", metavar="URI")
 
 # Autorecovery's tuning: in `pybk autorecovery`, and in `pybk bookie` for `--autorecovery`.
-_RECOVERY = RecoveryOptions()
 RECOVERY_TUNING = (
     Option("lost_bookie_delay", "seconds a bookie must be gone from the registry before its ledgers are marked "
-           "under-replicated", _RECOVERY.lost_bookie_delay, Number(float, 0)),
+           "under-replicated", 60.0, Number(float, 0)),
     Option("audit_interval", "seconds between periodic full checks (every ledger's entries on every bookie via "
-           "ListEntries); 0 disables", _RECOVERY.audit_interval, Number(float, 0)),
+           "ListEntries); 0 disables", 3600.0, Number(float, 0)),
     Option("open_ledger_grace", "seconds to leave an open ledger's last fragment to its writer before fencing and "
-           "recovering the ledger", _RECOVERY.open_ledger_grace, Number(float, 0)),
+           "recovering the ledger", 30.0, Number(float, 0)),
     Option("ledger_password", "a ledger password autorecovery may use. Not needed to re-replicate and fence: "
            "autorecovery does that without ledgers' keys, with its admin role. Needed to verify MAC digests "
            "while copying (else only length and ids are checked). The metadata's password hash picks the "
            "right one; the empty password is always tried",
-           repeatable=True, metavar="PASSWORD", env="PYBK_LEDGER_PASSWORDS"),
-    Option("replication_batch", "entries per read/add batch when copying", _RECOVERY.batch_entries, Number(int, 1)),
-    Option("parallel_ledgers", "ledgers one worker replicates at once", _RECOVERY.parallel_ledgers,
+           repeatable=True, metavar="PASSWORD", env="PYBK_LEDGER_PASSWORDS", secret=True),
+    Option("replication_batch", "entries per read/add batch when copying", 4096, Number(int, 1)),
+    Option("parallel_ledgers", "ledgers one worker replicates at once", 4,
            Number(int, 1), env="PYBK_RECOVERY_PARALLEL_LEDGERS"),
-    Option("parallel_runs", "copy runs (read_range streams) in flight per fragment", _RECOVERY.parallel_runs,
+    Option("parallel_runs", "copy runs (read_range streams) in flight per fragment", 4,
            Number(int, 1), env="PYBK_RECOVERY_PARALLEL_RUNS"),
-    Option("poll_interval", "seconds between looks at the registry and the markers", _RECOVERY.poll_interval,
+    Option("poll_interval", "seconds between looks at the registry and the markers", 1.0,
            Number(float, 0), env="PYBK_RECOVERY_POLL_INTERVAL"),
     Option("job_gc_interval", "seconds between passes of the write-job garbage collector on the elected auditor "
            "(as `pybk shell gc-jobs`: deletes ledgers of Spark write jobs that aborted or never committed, "
-           "finishes interrupted commits); 0 disables", _RECOVERY.job_gc_interval, Number(float, 0)),
+           "finishes interrupted commits); 0 disables", 600.0, Number(float, 0)),
     Option("job_gc_grace", "seconds after a write job's ledger was created before the garbage collector aborts the "
            "job if it has not committed or aborted (a job running longer fails its commit)",
-           _RECOVERY.job_gc_grace, Number(float, 0)),
+           86400.0, Number(float, 0)),
 )
 
 
@@ -388,6 +394,79 @@ ELSEWHERE: dict[str, str] = {
 
 
 # ---------------------------------------------------------------------------------------------
+# Typed settings: the options dataclasses components take, filled from the table.
+
+T = TypeVar("T")
+_OPTION = "pybk.option"  # the metadata key of an options dataclass field: the option that sets it
+
+
+def _declared(name: str, process: Process | None) -> Option:
+    """The option `name` of `process`, or of every process that declares it alike."""
+    found = [o for p in ((process,) if process else PROCESSES) for o in p.options if o.name == name]
+    if not found:
+        raise LookupError(f"no option {name!r} in {process.title if process else 'any pybk process'}")
+    if len({repr(o.default) for o in found}) > 1:
+        raise LookupError(f"option {name!r} has other defaults in other processes: name the process")
+    return found[0]
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def option_field(name: str, process: Process | None = None) -> Any:
+    """A field of an options dataclass that option `name` sets, its default the table's (the one
+    place defaults are declared). `process` is needed only where processes declare `name` with
+    other defaults (http_port)."""
+    return dataclasses.field(default=_frozen(_declared(name, process).value_in({})), metadata={_OPTION: name})
+
+
+def build(cls: type[T], values: Mapping[str, Any], used: set[str] | None = None) -> T:
+    """An options dataclass from resolved settings by option name: a field made by option_field
+    takes its option's value, a field whose type is an options dataclass is built alike, any other
+    keeps its default. The names of the options taken are added to `used`."""
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get(_OPTION)
+        if name is not None:
+            kwargs[f.name] = _frozen(values[name])
+            if used is not None:
+                used.add(name)
+        elif isinstance(hints.get(f.name), type) and dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = build(hints[f.name], values, used)
+    return cls(**kwargs)
+
+
+def effective(*objects: Any) -> dict[str, Any]:
+    """The values of live options objects by option name (nested ones included): what the
+    components were really given, for the admin API and the tests. A secret option's values
+    are each shown as "(set)"."""
+    secrets = {o.name for p in PROCESSES for o in p.options if o.secret}
+    out: dict[str, Any] = {}
+    for obj in objects:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            name = f.metadata.get(_OPTION)
+            if name in secrets:
+                out[name] = ["(set)"] * len(value or ()) if isinstance(value, tuple) or value is None else "(set)"
+            elif name is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                out.update(effective(value))
+    return out
+
+
+@dataclass(frozen=True)
+class Common:
+    """What every process takes for itself: the settings file it read and how it logs."""
+
+    config: str | None = option_field("config")
+    log_level: str = option_field("log_level")
+    log_format: LogFormat = option_field("log_format")
+
+
+# ---------------------------------------------------------------------------------------------
 # The loader.
 
 def add_options(parser: argparse.ArgumentParser, process: Process) -> None:
@@ -436,19 +515,33 @@ def resolve(args: argparse.Namespace, process: Process, environ: Mapping[str, st
     return out
 
 
-def load(args: argparse.Namespace, process: Process) -> dict[str, Any] | None:
-    """A process's start: its resolved settings with logging set up at their level and format, or None after
-    printing `pybk NAME: <what is wrong>` (the caller exits 2)."""
+def settings(cls: type[T], args: argparse.Namespace, process: Process,
+             environ: Mapping[str, str] | None = None) -> T:
+    """The process's frozen settings object (cls) from its resolved settings. A settings class
+    that leaves an option of the process unused is a programming error (TypeError): every
+    option must reach a component."""
+    used: set[str] = set()
+    out = build(cls, resolve(args, process, environ), used)
+    unused = [o.name for o in process.options if o.name not in used]
+    if unused:
+        raise TypeError(f"{cls.__name__} leaves options of {process.title} unused: {', '.join(unused)}")
+    return out
+
+
+def load(cls: type[T], args: argparse.Namespace, process: Process) -> T | None:
+    """A process's start: its settings object (cls, which has a `common: Common`) with logging
+    set up at their level and format, or None after printing `pybk NAME: <what is wrong>` (the caller exits 2)."""
     try:
-        cfg = resolve(args, process)
+        out = settings(cls, args, process)
     except ConfigError as exc:
         print(f"pybk {process.command}: {exc}", file=sys.stderr)
         return None
-    level = "DEBUG" if cfg.get("verbose") else cfg[LOG_LEVEL.name]
-    logformat.configure(level, cfg[LOG_FORMAT.name])
+    common: Common = out.common  # type: ignore[attr-defined]
+    level = "DEBUG" if getattr(out, "verbose", False) else common.log_level
+    logformat.configure(level, common.log_format)
     for variable, owners in others_settings(process, os.environ).items():
         log.debug("%s left alone: a setting of %s, not of %s", variable, ", ".join(owners), process.title)
-    return cfg
+    return out
 
 
 def environment(process: Process, environ: Mapping[str, str]) -> dict[str, Any]:

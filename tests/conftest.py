@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pybk.bookie.bookie import disk_fullness
+from pybk.bookie.disk import disk_fullness
 from pybk.config import BOOKIE
 from pybk.local.etcd import EtcdProcess
 from shared_etcd import EtcdNamespace

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pybk import config
+from pybk.bookie.settings import BookieSettings
 from pybk.config import (AUTORECOVERY, BOOKIE, COMMON, ELSEWHERE, OPERATOR, PROCESSES, ConfigError, Number,
                          others_settings, parse_bool, parse_log_level, resolve)
-from pybk.recovery.options import from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = [p.command for p in PROCESSES]
@@ -115,7 +115,7 @@ def test_every_pybk_variable_the_code_reads_is_declared(child_processes):
 def test_embedded_autorecovery_takes_the_autorecovery_settings():
     env = {"PYBK_JOURNAL_DIR": "/j", "PYBK_LEDGER_DIR": "/l", "PYBK_RECOVERY_PARALLEL_LEDGERS": "7",
            "PYBK_RECOVERY_PARALLEL_RUNS": "2", "PYBK_LEDGER_PASSWORDS": "a,b"}
-    options = from_config(resolve(parse(BOOKIE, ["--lost-bookie-delay", "5"]), BOOKIE, env))
+    options = config.settings(BookieSettings, parse(BOOKIE, ["--lost-bookie-delay", "5"]), BOOKIE, env).recovery
     assert (options.parallel_ledgers, options.parallel_runs, options.lost_bookie_delay) == (7, 2, 5.0)
     assert options.passwords == (b"", b"a", b"b")
 

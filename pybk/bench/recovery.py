@@ -47,7 +47,7 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict:
     from pybk.local.bookie import BookieProcess
     from pybk.local.etcd import EtcdProcess
     from pybk.meta import MetadataStore
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
 
     password = b"bench-recovery"
     etcd = EtcdProcess(base / "etcd").start()

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
+from pybk.config import option_field
 from pybk.meta.ledgers import Ledgers
 
 from .bookie import Bookie
@@ -16,13 +18,24 @@ from .bookie import Bookie
 log = logging.getLogger("pybk.bookie.gc")
 
 
+@dataclass(frozen=True)
+class Housekeeping:
+    """How often the bookie collects garbage and scrubs (0: only on request), and which entry
+    logs a collection rewrites."""
+
+    gc_interval: float = option_field("gc_interval")
+    compaction_threshold: float = option_field("compaction_threshold")  # live fraction below which a log is rewritten
+    scrub_interval: float = option_field("scrub_interval")
+
+
 class GarbageCollector:
     """Compares the ledgers the bookie holds with those in the metadata store."""
 
-    def __init__(self, storage: Bookie, ledgers: Ledgers, interval: float):
+    def __init__(self, storage: Bookie, ledgers: Ledgers, options: Housekeeping):
         self.storage = storage
         self.ledgers = ledgers
-        self.interval = interval  # seconds between rounds; 0 = only on request
+        self.options = options
+        self.interval = options.gc_interval  # seconds between rounds; 0 = only on request
         self.last: dict | None = None  # the report of the last round
         self._task: asyncio.Task | None = None
 
@@ -39,7 +52,7 @@ class GarbageCollector:
             live.add(ledger_id)
         dead = mine - live
         dropped = await self.storage.delete_ledgers(dead) if dead else 0
-        compaction = await self.storage.compact()
+        compaction = await self.storage.compact(self.options.compaction_threshold)
         self.last = {"deleted_ledgers": sorted(dead), "dropped_entries": dropped, **compaction,
                      "seconds": round(time.monotonic() - t0, 3), "at": time.time()}
         self.storage.metrics.gc_collected(len(dead), compaction["reclaimed_bytes"], time.monotonic() - t0)

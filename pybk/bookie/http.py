@@ -43,8 +43,9 @@ def _ledger_page(bookie: Bookie, ids: list[int], start: int, limit: int, with_en
 def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
              ready: Callable[[], Awaitable[tuple[bool, str]]], gc: GarbageCollector | None,
              store: MetadataStore | None, scrubber: Scrubber | None = None,
-             authenticator: Authenticator | None = None, open_paths: tuple[str, ...] = ()) -> web.Application:
-    """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc,scrub},
+             authenticator: Authenticator | None = None, open_paths: tuple[str, ...] = (),
+             effective_options: Callable[[], dict[str, Any]] | None = None) -> web.Application:
+    """Routes: /heartbeat, /metrics, /api/v1/bookie/{info,state,state/readonly,is_ready,gc,scrub,config},
     /api/v1/ledger/{list,metadata}. With an authenticator, reads need `reader` except the
     `open_paths`, and every state-changing route needs `admin` (pybk.security.web); without one
     anyone who reaches the admin port may call every route.
@@ -68,9 +69,13 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
     async def get_state(request: web.Request) -> web.Response:
         return web.json_response(state())
 
+    async def get_config(request: web.Request) -> web.Response:
+        """Every option by name as the running components hold it (secrets shown as set, not their value)."""
+        return web.json_response(effective_options() if effective_options else {})
+
     async def get_readonly(request: web.Request) -> web.Response:
-        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
-                                  "disk": bookie.read_only_disk})
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.disk.forced,
+                                  "disk": bookie.disk.disk})
 
     async def put_readonly(request: web.Request) -> web.Response:
         try:
@@ -81,8 +86,8 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
         except Exception:  # noqa: BLE001 - any malformed body is the client's error
             return web.json_response({"error": 'send JSON {"readOnly": true} or {"readOnly": false}'}, status=400)
         bookie.set_read_only(value)
-        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.read_only_forced,
-                                  "disk": bookie.read_only_disk})
+        return web.json_response({"readOnly": bookie.read_only, "forced": bookie.disk.forced,
+                                  "disk": bookie.disk.disk})
 
     async def get_is_ready(request: web.Request) -> web.Response:
         is_ready, why = await ready()
@@ -163,6 +168,7 @@ def make_app(bookie: Bookie, *, info: Callable[[], dict[str, Any]], state: Calla
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/bookie/info", get_info)
     app.router.add_get("/api/v1/bookie/state", get_state)
+    app.router.add_get("/api/v1/bookie/config", get_config)
     app.router.add_get("/api/v1/bookie/state/readonly", get_readonly)
     app.router.add_put("/api/v1/bookie/state/readonly", put_readonly)
     app.router.add_get("/api/v1/bookie/is_ready", get_is_ready)

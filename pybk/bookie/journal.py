@@ -62,10 +62,13 @@ import errno
 import os
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import google_crc32c
+
+from pybk.config import option_field
 
 RECORD = struct.Struct(">IIBQq")
 RECORD_HEADER = RECORD.size  # 25
@@ -458,21 +461,28 @@ def replay(directory: Path, mark: Mark, accept_loss: bool = False) -> Iterator[R
                 yield rec
 
 
+@dataclass(frozen=True)
+class JournalOptions:
+    """How the journal writes: file size, group commit, fdatasync, preallocation (journal_* options)."""
+
+    max_file_size: int = option_field("journal_max_file_size")
+    group_wait: float = option_field("journal_group_wait")
+    group_max_bytes: int = option_field("journal_group_max_bytes")
+    fsync: bool = option_field("journal_fsync")
+    inline_bytes: int = option_field("journal_inline_bytes")  # groups up to this size are written on the loop
+    prealloc_size: int = option_field("journal_prealloc_size")  # files grow in chunks of this (0 = not)
+
+
 class Journal:
     """The group-commit writer. append() returns once the records are on disk (fdatasync'd)."""
 
-    def __init__(self, directory: Path, max_file_size: int = 512 * 1024 * 1024, group_wait: float = 0.0,
-                 group_max_bytes: int = 16 * 1024 * 1024, fsync: bool = True,
+    def __init__(self, directory: Path, options: JournalOptions = JournalOptions(),
                  on_sync: Callable[[float, int, int], None] | None = None,
-                 on_error: Callable[[BaseException, bool], None] | None = None, inline_max_bytes: int = 64 * 1024,
-                 prealloc: int = 0):
+                 on_error: Callable[[BaseException, bool], None] | None = None):
         self.directory = Path(directory)
-        self.max_file_size = max_file_size
-        self.group_wait = group_wait
-        self.group_max_bytes = group_max_bytes
-        self.fsync = fsync
-        self.inline_max_bytes = inline_max_bytes  # groups up to this size are written on the loop
-        self.prealloc = min(prealloc, max_file_size) if prealloc > 0 else 0  # chunk files grow by
+        self.options = options
+        prealloc = options.prealloc_size
+        self.prealloc = min(prealloc, options.max_file_size) if prealloc > 0 else 0  # chunk files grow by
         self._allocated = 0  # bytes preallocated in the current file
         self._sync_seconds = 0.0  # moving average of a group commit's write + fdatasync (not the hop to a thread)
         self.on_sync = on_sync  # (seconds, bytes, appends) after every group commit
@@ -556,11 +566,11 @@ class Journal:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self.group_wait > 0 and self._queued_bytes < self.group_max_bytes:
-                await asyncio.sleep(self.group_wait)
+            if self.options.group_wait > 0 and self._queued_bytes < self.options.group_max_bytes:
+                await asyncio.sleep(self.options.group_wait)
             while self._queue:
                 taken, size = 0, 0
-                while taken < len(self._queue) and (size < self.group_max_bytes or not taken):
+                while taken < len(self._queue) and (size < self.options.group_max_bytes or not taken):
                     size += self._queue[taken][1]
                     taken += 1
                 group, self._queue = self._queue[:taken], self._queue[taken:]
@@ -570,7 +580,7 @@ class Journal:
                     parts.extend(p)
                 self._busy = True
                 try:
-                    if size <= self.inline_max_bytes and self._sync_seconds < INLINE_MAX_SYNC_SECONDS:
+                    if size <= self.options.inline_bytes and self._sync_seconds < INLINE_MAX_SYNC_SECONDS:
                         took = self._write(parts, size)
                     else:
                         took = await loop.run_in_executor(None, self._write, parts, size)
@@ -623,11 +633,11 @@ class Journal:
                 while view:
                     view = view[os.pwrite(self._fd, view, offset + want - len(view)):]
             offset += want
-        if self.fsync:
+        if self.options.fsync:
             os.fdatasync(self._fd)
         self._offset += size
         self._written = Mark(self._seq, self._offset)
-        if self._offset >= self.max_file_size:
+        if self._offset >= self.options.max_file_size:
             self._roll(self._seq + 1, os.fstat(self._fd).st_size)
         return time.perf_counter() - t0
 
@@ -645,7 +655,7 @@ class Journal:
                     os.pwrite(self._fd, zeros[:end - at], at)
             else:
                 os.ftruncate(self._fd, self._offset)
-            if self.fsync:
+            if self.options.fsync:
                 os.fdatasync(self._fd)
             return True
         except OSError:

@@ -16,7 +16,7 @@ from pybk.meta.errors import MetadataError, NoSuchLedgerError
 from pybk.meta.ledgers import MAX_LEDGER_ID, Ledgers
 from pybk.proto import pb
 
-from .bookie import Admission
+from .adds import Admission
 from .state import LOOKUP, LedgerKeys, admit_new_key
 
 log = logging.getLogger("pybk.bookie.keys")

@@ -43,7 +43,7 @@ from .index import KEY, LOCATION
 if TYPE_CHECKING:
     from pybk.meta.underreplication import UnderReplication
 
-    from .bookie import Bookie
+    from .storage import Storage
 
 log = logging.getLogger("pybk.bookie.scrub")
 
@@ -107,7 +107,7 @@ class _Scan:
     """The worker-thread side of one run: walks the index in key order, one bounded step at a time,
     reading records with descriptors of its own (never the event loop's cached ones)."""
 
-    def __init__(self, storage: Bookie):
+    def __init__(self, storage: Storage):
         self.index = storage.index
         self.entrylogs = storage.entrylogs
         self.after: bytes | None = None
@@ -189,7 +189,7 @@ class Scrubber:
     POST /api/v1/bookie/scrub). Without a metadata store (`underreplication` None) it still
     removes bad entries; the result then says the ledgers could not be marked."""
 
-    def __init__(self, storage: Bookie, interval: float, bookie_id: str = "",
+    def __init__(self, storage: Storage, interval: float, bookie_id: str = "",
                  underreplication: UnderReplication | None = None):
         self.storage = storage
         self.interval = interval

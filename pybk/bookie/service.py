@@ -9,8 +9,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from dataclasses import dataclass
-from itertools import accumulate, chain
+from dataclasses import replace
 from time import monotonic
 
 import grpc
@@ -18,19 +17,20 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from pybk import __version__
-from pybk.entry import HEADER_SIZE
 from pybk.proto import pb, rpc, wire
-from pybk.proto.wire import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_HEADROOM
 from pybk.security.auth import AccessDenied, Authenticator, Denial
 from pybk.security.roles import OPEN, Operation, Principal
 from pybk.transport.grpc_server import ConnectionLimits, Kind, Method, Server, Throttled
 
-from .bookie import AddRun, Bookie, BookieStorageError, runs_of
+from .add_stream import AddStream, InFlight
+from .limits import Limits, message_limit
+from .bookie import Bookie, BookieStorageError
 from .keys import KeyGate
-from .state import KEY_MISSING, LOOKUP, needs_admission
+from .readbuffer import ReadBuffer
+from .state import KEY_MISSING, needs_admission
 
 log = logging.getLogger("pybk.bookie.service")
-# refused calls and cancelled Read streams are as many as a client likes: a line per kind a minute
+# refused calls are as many as a client likes: a line per kind a minute
 noted = Throttled(logger=log)
 
 READ_BATCH_BYTES = 1024 * 1024        # bodies per read answer of ReadEntry messages
@@ -39,134 +39,6 @@ PACKED_BATCH_BYTES = 3 * 1024 * 1024  # bodies per PACKED answer (at most a thir
 READ_BATCH_ENTRIES = 4096
 MAX_LONG_POLL_MS = 60_000
 MAX_READ_STEP = 1 << 16  # strides beyond any sane ensemble size are refused
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one client may hold of a bookie's memory (the bookie's options of the same names)."""
-
-    max_message_size: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_add_bytes_in_flight: int = 256 * 1024 * 1024
-    max_add_bytes_in_flight_per_connection: int = 64 * 1024 * 1024
-    max_read_buffer_bytes: int = 64 * 1024 * 1024
-    max_client_memory: int = 512 * 1024 * 1024
-    read_stream_timeout: float = 30.0
-
-
-def message_limit(max_message_size: int, max_entry_size: int) -> int:
-    """The largest gRPC message: as configured, or (0) the largest entry plus headroom."""
-    return max_message_size or max_entry_size + MESSAGE_HEADROOM
-
-
-class ReadBuffer:
-    """Read answers handed to gRPC and not yet taken by their clients, over all Read streams.
-
-    An answer is built only once the previous one of its stream was taken, so a stream whose
-    client stops reading holds one answer. Room for it is reserved here first: when the answers
-    held would pass the byte limit a new one waits, and if the oldest held one has waited longer
-    than STUCK_SECONDS its stream is cancelled at once, so stuck readers cannot keep live ones
-    waiting; a stream whose client takes nothing for `timeout` seconds is cancelled anyway. A
-    cancelled stream is reset (trailers CANCELLED, RST_STREAM), and its queued answer dropped.
-    Streams waiting for room wait in line: only the first is woken when room is freed, and only
-    it looks for a stuck stream (woken all at once, 2,000 waiting streams each scanned all the
-    others at every answer taken, and stalled the event loop half a second)."""
-
-    STUCK_SECONDS = 1.0
-
-    def __init__(self, limit: int, timeout: float):
-        self.limit = limit
-        self.timeout = timeout
-        self.used = 0
-        self._writers: dict[asyncio.Task, float] = {}  # stream task -> when its write began
-        self._evicted: dict[asyncio.Task, tuple[str, str]] = {}  # stream task -> (kind, why) it is cancelled
-        self._freed = asyncio.Event()
-        self._line = asyncio.Lock()  # the streams waiting for room, first come first served
-        self._sweeper: asyncio.Task | None = None
-
-    async def reserve(self, nbytes: int) -> bool:
-        """Room for an answer of up to nbytes, taken before the answer is built; False if none
-        was found within the timeout (the caller answers TOO_MANY_REQUESTS). `send` gives it back."""
-        if self.used and self.used + nbytes > self.limit and not await self._room(nbytes):
-            return False
-        self.used += nbytes
-        return True
-
-    async def send(self, context, message, nbytes: int) -> None:
-        """Write an answer into the room reserved for it (nbytes, also 0: none); the call is
-        cancelled when its client takes no answer in time, or is stuck while room is short.
-        No timer per write: a sweeper looks at the writes in progress (cheap for short reads)."""
-        task = asyncio.current_task()
-        self._writers[task] = asyncio.get_running_loop().time()
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="read-sweeper")
-        try:
-            await context.write(message)
-        except asyncio.CancelledError:
-            evicted = self._evicted.get(task)
-            if evicted:
-                kind, why = evicted
-                noted.warn(kind, f"{context.peer()} {why}: cancelling its stream")
-            raise
-        finally:
-            del self._writers[task]
-            self._evicted.pop(task, None)
-            self.release(nbytes)
-
-    def release(self, nbytes: int) -> None:
-        """Give back room reserved for an answer that is not sent."""
-        self.used -= nbytes
-        self._freed.set()
-
-    def _evict(self, task: asyncio.Task, kind: str, why: str) -> None:
-        self._evicted[task] = kind, why
-        task.cancel()
-
-    async def _sweep(self) -> None:
-        """Cancel the streams whose client took no answer for `timeout` seconds; ends when no
-        write is in progress (send starts it again)."""
-        loop = asyncio.get_running_loop()
-        try:
-            while self._writers:
-                await asyncio.sleep(min(self.STUCK_SECONDS, self.timeout / 2))
-                now = loop.time()
-                for task, since in list(self._writers.items()):
-                    if now - since >= self.timeout and task not in self._evicted:
-                        self._evict(task, "read-timeout", f"took no answer for {self.timeout:g}s (read_stream_timeout)")
-        finally:
-            self._sweeper = None
-
-    async def _room(self, nbytes: int) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._line.acquire()
-        except TimeoutError:
-            return False
-        try:
-            return await self._first_in_line(nbytes, deadline)
-        finally:
-            self._line.release()
-
-    async def _first_in_line(self, nbytes: int, deadline: float) -> bool:
-        loop = asyncio.get_running_loop()
-        while self.used and self.used + nbytes > self.limit:
-            now = loop.time()
-            if now >= deadline:
-                return False
-            stuck = [(since, t) for t, since in self._writers.items()
-                     if now - since >= self.STUCK_SECONDS and t not in self._evicted]
-            if stuck:
-                self._evict(min(stuck, key=lambda st: st[0])[1], "read-stuck",
-                            f"took no answer while the read buffer ({self.limit} bytes, max_read_buffer_bytes) "
-                            f"was full")
-            self._freed.clear()
-            try:
-                async with asyncio.timeout(min(self.STUCK_SECONDS, deadline - now)):
-                    await self._freed.wait()
-            except TimeoutError:
-                pass
-        return True
 
 
 class BookieService(rpc.BookieServicer):
@@ -181,8 +53,9 @@ class BookieService(rpc.BookieServicer):
         self.bookie_id = bookie_id
         self.zone = zone
         self.version = version
-        self.limits = limits
-        self.add_bytes_in_flight = 0
+        self.limits = replace(limits, max_message_size=message_limit(limits.max_message_size,
+                                                                     bookie.opts.max_entry_size))
+        self.adds_in_flight = InFlight()
         self.read_buffer = ReadBuffer(limits.max_read_buffer_bytes, limits.read_stream_timeout)
         # a PACKED answer holds up to this much plus one body, so it stays within the message limit
         self.packed_batch_bytes = max(READ_BATCH_BYTES, min(PACKED_BATCH_BYTES, limits.max_message_size // 3))
@@ -226,19 +99,6 @@ class BookieService(rpc.BookieServicer):
 
     # ---- ledger rights: first keys checked against the metadata, keyless recovery for admins ----
 
-    async def _add_checked(self, runs: list[AddRun], errors: list[tuple[int, int, str]], fut, keyless: bool):
-        """Add again the entries add_runs answered LOOKUP, once the metadata of their ledgers is
-        read; returns the batch's merged (errors, future)."""
-        pending = [i for i, status, _ in errors if status == LOOKUP]
-        again_runs = _select(runs, pending)
-        found = await self.keys.lookup(r.ledger_id for r in again_runs)
-        again, fut2 = self.bookie.add_runs(again_runs, keyless, self.keys.admit_from(found))
-        merged = [err for err in errors if err[1] != LOOKUP] + [(pending[j], s, m) for j, s, m in again]
-        merged.sort()
-        if fut is None or fut2 is None:
-            return merged, fut if fut2 is None else fut2
-        return merged, asyncio.gather(fut, fut2)
-
     async def _admit(self, ledger: int, key: bytes) -> tuple[int, str]:
         """(OK, "") or why not, for a fence or WriteLac whose key this bookie would record first."""
         if self.keys is None or not needs_admission(self.bookie.ledgers.get(ledger), key):
@@ -246,96 +106,11 @@ class BookieService(rpc.BookieServicer):
         return await self.keys.check(ledger, key)
 
     async def Add(self, request_iterator, context):
-        """Each incoming batch is journaled as it arrives (batches overlap); results go back as
-        each batch becomes durable, one AddResults per AddBatch. The request iterator yields
-        (batch, its size on the wire). A batch carries AddEntry messages, packed runs (announced
-        to clients by the initial metadata ADD_RUNS_HEADER), or both; a malformed run is answered
-        BAD_REQUEST whole and nothing of it is stored. A batch that would take the bytes in flight
-        (received, not yet durable) of this stream or of the bookie past their caps is answered
-        TOO_MANY_REQUESTS at once; one batch alone always passes. An allowed caller is authorized
-        once, at stream start; a refused one gets every entry answered ACCESS_DENIED and is
-        looked at again with each batch (the auth file may have changed). Ending the stream
-        instead would race with the client's sending and reach it as INTERNAL."""
-        await context.send_initial_metadata(((ADD_RUNS_HEADER, "1"),))
-        principal, denied = self._authorize_stream(context, Operation.ADD)
-        bookie = self.bookie
-        limits = self.limits
-        conn_cap, total_cap = limits.max_add_bytes_in_flight_per_connection, limits.max_add_bytes_in_flight
-        done: asyncio.Queue = asyncio.Queue()
-        state = {"outstanding": 0, "eof": False, "bytes": 0}
-        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
-        keys = self.keys
-        admit = keys.admit if keys is not None else None
-
-        def release(nbytes: int) -> None:
-            state["bytes"] -= nbytes
-            self.add_bytes_in_flight -= nbytes
-
-        def finish(batch, layout, results, fut, nbytes, received):
-            release(nbytes)
-            bookie.metrics.add_latency.observe(monotonic() - received)
-            error = None
-            if fut is not None:
-                exc = fut.exception() if not fut.cancelled() else OSError("bookie shutting down")
-                if exc is not None:
-                    error = f"journal write failed: {exc}"
-            done.put_nowait(_add_results(batch, layout, results, error, bookie.metrics))
-
-        async def reader():
-            nonlocal principal, denied, keyless
-            try:
-                async for batch, nbytes in request_iterator:
-                    received = monotonic()
-                    state["outstanding"] += 1
-                    if denied:
-                        principal, denied = self._authorize_stream(context, Operation.ADD)
-                        keyless = principal is not None and principal.may(Operation.KEYLESS_RECOVERY)
-                    if denied:
-                        done.put_nowait(_refuse_all(batch, pb.ACCESS_DENIED, denied, bookie.metrics))
-                        continue
-                    runs, layout = _unpack(batch)
-                    n = layout[-1]
-                    bookie.metrics.add_batch_size.observe(n)
-                    refusal = _over_cap(state["bytes"], nbytes, conn_cap, "on this connection",
-                                        "max_add_bytes_in_flight_per_connection") or \
-                        _over_cap(self.add_bytes_in_flight, nbytes, total_cap, "on this bookie",
-                                  "max_add_bytes_in_flight")
-                    if refusal:
-                        done.put_nowait(_refuse_all(batch, pb.TOO_MANY_REQUESTS, refusal, bookie.metrics))
-                        continue
-                    state["bytes"] += nbytes
-                    self.add_bytes_in_flight += nbytes
-                    try:
-                        results, fut = bookie.add_runs(runs, keyless, admit)
-                        if results and keys is not None and any(r[1] == LOOKUP for r in results):
-                            results, fut = await self._add_checked(runs, results, fut, keyless)
-                    except Exception as exc:  # noqa: BLE001 - answer, do not crash
-                        log.exception("add batch from %s failed", principal.name)
-                        results = [(i, pb.IO_ERROR, str(exc)) for i in range(n)]
-                        fut = None
-                    if fut is None:
-                        finish(batch, layout, results, None, nbytes, received)
-                    else:
-                        fut.add_done_callback(lambda f, b=batch, lo=layout, r=results, nb=nbytes, t=received:
-                                              finish(b, lo, r, f, nb, t))
-            finally:
-                state["eof"] = True
-                done.put_nowait(None)
-
-        task = asyncio.get_running_loop().create_task(reader())
-        try:
-            while True:
-                item = await done.get()
-                if item is None:
-                    if state["outstanding"] == 0:
-                        break
-                    continue
-                state["outstanding"] -= 1
-                await context.write(item)
-                if state["eof"] and state["outstanding"] == 0:
-                    break
-        finally:
-            task.cancel()
+        """Each incoming batch is journaled as it arrives; results go back as each becomes
+        durable, one AddResults per AddBatch (add_stream.AddStream)."""
+        stream = AddStream(self.bookie, self.keys, self.limits, self.adds_in_flight,
+                           lambda: self._authorize_stream(context, Operation.ADD), context)
+        await stream.run(request_iterator)
 
     async def Read(self, request, context):
         """Answers go out one at a time, each built only after the previous one was taken: a
@@ -497,135 +272,6 @@ class BookieService(rpc.BookieServicer):
         return pb.ListLedgersResponse(ledger_ids=sorted(self.bookie.ledgers))
 
 
-def _unpack(batch: pb.AddBatch) -> tuple[list[AddRun], list]:
-    """The runs add_runs takes for a batch: its AddEntry messages (grouped), then its packed
-    runs, and the layout _add_results answers by: [its AddEntry count, then per packed run its
-    first index among the runs' entries or the reason it is malformed, ..., the entry count]."""
-    runs = runs_of(batch.entries)
-    n = len(batch.entries)
-    layout: list = [n]
-    for r in batch.runs:
-        ids, sizes, buf = list(r.entry_ids), list(r.body_sizes), r.bodies
-        why = _malformed(r.ledger_id, ids, sizes, len(buf))
-        if why:
-            layout.append(why)
-            continue
-        ends = list(accumulate(sizes))
-        runs.append(AddRun(r.ledger_id, r.master_key, r.flags, ids,
-                           [buf[a:b] for a, b in zip(chain((0,), ends), ends)], buf))
-        layout.append(n)
-        n += len(ids)
-    layout.append(n)
-    return runs, layout
-
-
-def _malformed(ledger: int, ids: list[int], sizes: list[int], nbytes: int) -> str:
-    """Why a packed run (of `ledger`, its entry ids, body sizes and bodies' length) cannot be
-    taken apart into entries ("" if it can). Its entries are then checked one by one like
-    AddEntry messages; a size below an entry header is refused here, so that a run's answer (a
-    few bytes per refused entry) stays smaller than the run."""
-    if not ids or len(ids) != len(sizes):
-        return (f"malformed run of ledger {ledger}: {len(ids)} entry ids and {len(sizes)} body sizes "
-                f"(need the same number, at least one)")
-    total = sum(sizes)
-    if total != nbytes:
-        return f"malformed run of ledger {ledger}: body sizes sum to {total} bytes, the bodies are {nbytes} bytes"
-    small = min(sizes)
-    if small < HEADER_SIZE:
-        return (f"malformed run of ledger {ledger}: an entry body of {small} bytes, shorter than an "
-                f"entry header ({HEADER_SIZE} bytes)")
-    return ""
-
-
-def _refuse_all(batch: pb.AddBatch, status: int, message: str, metrics) -> pb.AddResults:
-    """Every entry of the batch refused with one status (access denied, over a cap)."""
-    out = pb.AddResults()
-    add = out.results.add
-    for e in batch.entries:
-        add(request_id=e.request_id, ledger_id=e.ledger_id, entry_id=e.entry_id, status=status, message=message)
-    add_run = out.runs.add
-    n = len(batch.entries)
-    for r in batch.runs:
-        add_run(request_id=r.request_id, status=status, message=message)
-        n += len(r.entry_ids)
-    if n:
-        metrics.add_errors.labels(pb.Status.Name(status)).inc(n)
-    return out
-
-
-def _add_results(batch, layout: list, errors: list[tuple[int, int, str]], error: str | None,
-                 metrics) -> pb.AddResults:
-    """The answer to a batch: one result per AddEntry, in order (OK ones carry only the request
-    id, the client matches on it; refusals also carry ledger, entry and a message), and one per
-    packed run: its status (OK, or IO_ERROR with `error`, the journal's failure) and the
-    entries refused otherwise (errors: (index, status, message) in index order)."""
-    out = pb.AddResults()
-    add = out.results.add
-    entries = batch.entries
-    if not errors and error is None and str not in map(type, layout):
-        for e in entries:
-            add(request_id=e.request_id)
-        add_run = out.runs.add
-        for r in batch.runs:
-            add_run(request_id=r.request_id)
-        return out
-    refused = {i: (status, message) for i, status, message in errors}
-    for i, e in enumerate(entries):
-        status, message = refused.get(i, (pb.OK, ""))
-        if status == pb.OK and error is not None:
-            status, message = pb.IO_ERROR, error
-        if status == pb.OK:
-            add(request_id=e.request_id)
-        else:
-            metrics.add_errors.labels(pb.Status.Name(status)).inc()
-            add(request_id=e.request_id, ledger_id=e.ledger_id, entry_id=e.entry_id, status=status,
-                message=message)
-    base, base_message = (pb.IO_ERROR, error) if error is not None else (pb.OK, "")
-    for r, first in zip(batch.runs, layout[1:]):
-        res = out.runs.add(request_id=r.request_id)
-        if type(first) is str:
-            res.status, res.message = pb.BAD_REQUEST, first
-            metrics.add_errors.labels("BAD_REQUEST").inc(len(r.entry_ids))
-            continue
-        ids = r.entry_ids
-        fails = [(k, refused[first + k]) for k in range(len(ids)) if first + k in refused]
-        if base != pb.OK:
-            metrics.add_errors.labels(pb.Status.Name(base)).inc(len(ids) - len(fails))
-        if fails and len(fails) == len(ids) and all(f[1][0] == fails[0][1][0] for f in fails):
-            res.status, res.message = fails[0][1]  # the whole run refused for one cause
-            metrics.add_errors.labels(pb.Status.Name(res.status)).inc(len(ids))
-            continue
-        res.status, res.message = base, base_message
-        told: set[int] = set()
-        for k, (status, message) in fails:
-            metrics.add_errors.labels(pb.Status.Name(status)).inc()
-            res.failures.add(index=k, entry_id=ids[k], status=status,
-                             message="" if status in told else message)
-            told.add(status)
-    return out
-
-
-def _select(runs: list[AddRun], indices: list[int]) -> list[AddRun]:
-    """The entries at `indices` (ascending, counting the runs' entries in order) as runs: one
-    per run they come from, so that their order and so their indices match."""
-    out: list[AddRun] = []
-    it = iter(indices)
-    want = next(it, None)
-    first = 0
-    for r in runs:
-        end = first + len(r.entry_ids)
-        ids: list[int] = []
-        bodies: list[bytes] = []
-        while want is not None and want < end:
-            ids.append(r.entry_ids[want - first])
-            bodies.append(r.bodies[want - first])
-            want = next(it, None)
-        if ids:
-            out.append(AddRun(r.ledger_id, r.master_key, r.flags, ids, bodies))
-        first = end
-    return out
-
-
 def _why(status: int, ledger: int) -> str:
     return {pb.NO_LEDGER: f"ledger {ledger} is not stored on this bookie",
             pb.UNAUTHORIZED: f"wrong master key for ledger {ledger}",
@@ -651,14 +297,6 @@ def _lenient(method: str, message_type, sized: bool = False):
             return Undecodable(method, str(exc))
         return (message, len(data)) if sized else message
     return deserialize
-
-
-def _over_cap(held: int, nbytes: int, cap: int, where: str, option: str) -> str:
-    """Why a batch of nbytes may not join `held` bytes in flight (or "" if it may): beyond the
-    cap, unless nothing is held (a single batch always passes)."""
-    if held and held + nbytes > cap:
-        return f"{held} bytes of adds in flight {where}, cap {cap} ({option}): resend later"
-    return ""
 
 
 def _failed_code(context, exc: BaseException) -> str:

@@ -1,7 +1,8 @@
-"""Per-ledger state a bookie keeps: master key, fenced flag, LAC; and the decisions made from it.
+"""Per-ledger state a bookie keeps: master key, fenced flag, LAC and the long-polls waiting on it;
+the decisions made from it, and what a journal record says of it.
 
-The fence/WriteLac key check is a pure function here; the add path makes the same decisions inline
-(Bookie.add_batch), once per ledger run of a batch, because it is the hot path.
+The fence/WriteLac key check is a pure function here; the add path makes the same decisions
+(adds.decide), once per ledger run of a batch, because it is the hot path.
 
 A bookie records the first master key it accepts for a ledger. That first key (for a ledger the
 bookie does not know, or knows only from keyless recovery adds) is accepted only when it matches
@@ -11,12 +12,17 @@ recovery adds and fences of an admin (autorecovery); they record no key.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import struct
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from pybk.entry import key_check
+from pybk.entry import HEADER, HEADER_SIZE, key_check
 from pybk.proto import pb
+
+from .journal import RecordType
 
 _STATE = struct.Struct(">BBqq")
 
@@ -96,3 +102,69 @@ def admit_new_key(ledger: int, master_key: bytes, keys: LedgerKeys | None) -> tu
         return pb.OK, ""
     return pb.UNAUTHORIZED, f"wrong master key for ledger {ledger}: it does not match the ledger's metadata"
 
+
+
+def apply_record(st: LedgerState, rtype: int, entry: int, body: bytes) -> None:
+    """What one journal record says of its ledger's state: an ADD carries a LAC in its entry
+    header, MASTER_KEY the key, FENCE the fence, LAC an explicit LAC. Replay and the index
+    rebuild read records alike through here."""
+    if rtype == _ADD:
+        if len(body) >= HEADER_SIZE:
+            lac = HEADER.unpack_from(body)[2]
+            if lac > st.lac:
+                st.lac = lac
+    elif rtype == _MASTER_KEY:
+        st.master_key = body
+    elif rtype == _FENCE:
+        st.fenced = True
+    elif rtype == _LAC:
+        st.explicit_lac = max(st.explicit_lac, entry)
+
+
+_ADD, _MASTER_KEY, _FENCE, _LAC = (int(RecordType.ADD), int(RecordType.MASTER_KEY), int(RecordType.FENCE),
+                                   int(RecordType.LAC))
+STATE_RECORDS = (_MASTER_KEY, _LAC, _FENCE)  # the records that carry ledger state and no entry
+
+
+class LacWaiters:
+    """Long-polls waiting for a ledger's LAC to pass a value (ReadLac with LONG_POLL)."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[int, list[asyncio.Future]] = {}
+
+    def __contains__(self, ledger: int) -> bool:
+        return ledger in self._waiters
+
+    async def wait(self, ledger: int, previous: int, lac: Callable[[], int | None], timeout: float) -> int | None:
+        """As soon as lac() (the ledger's LAC, None if unknown) passes `previous`, it; at timeout
+        the current one."""
+        current = lac()
+        if current is not None and current > previous:
+            return current
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return lac()
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(ledger, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                waiters = self._waiters.get(ledger)
+                if waiters is not None:
+                    if fut in waiters:
+                        waiters.remove(fut)
+                    if not waiters:
+                        del self._waiters[ledger]
+            current = lac()
+            if current is not None and current > previous:
+                return current
+
+    def wake(self, ledger: int) -> None:
+        """The ledger's LAC rose (or the ledger is gone): every long-poll on it looks again."""
+        for fut in self._waiters.pop(ledger, ()):
+            if not fut.done():
+                fut.set_result(None)

@@ -63,8 +63,9 @@ class DigestMismatchError(BKError):
     """An entry failed its digest check on every replica that returned it."""
 
 
-class NoSuchLedgerError(BKError):
-    """The ledger does not exist in metadata."""
+class NoSuchLedgerError(BKError, LookupError):
+    """The ledger does not exist in metadata (a LookupError, as the metadata store's own, so that
+    code below the client can tell a gone ledger without knowing the client)."""
 
     def __init__(self, ledger_id: int):
         self.ledger_id = ledger_id

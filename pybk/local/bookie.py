@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.request
 from http import HTTPStatus
 from pathlib import Path
 
-from .process import ChildProcess, free_port
+from .process import AdminHttp, ChildProcess, free_port
 
 
-class BookieProcess(ChildProcess):
+class BookieProcess(AdminHttp, ChildProcess):
     """One bookie with its own journal and ledger dirs under `base_dir`.
 
     kill() is kill -9; stop() is SIGTERM; restart() starts it again on the same dirs and ports.
@@ -49,30 +48,12 @@ class BookieProcess(ChildProcess):
         """host:port of the gRPC service (what BookieClient.connect takes)."""
         return f"{self.host}:{self.port}"
 
-    @property
-    def tls(self) -> bool:
-        """Whether its ports serve TLS (it was given tls_cert)."""
-        return bool(self.options.get("tls_cert"))
-
-    @property
-    def http_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
-
-    @property
-    def http_security(self):
-        """What its admin HTTP is called with: its own tls_* (verifying with its tls_ca) and token_file."""
-        from pybk.security.settings import ClientSecurity
-        return ClientSecurity.from_mapping(self.options)
-
     def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-        from pybk.security.web import admin_urlopen
-        try:
-            with admin_urlopen(self.http_url + path, self.http_security, timeout=timeout) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        """(status, body) of a GET of its admin API."""
+        return self.http_call(path, timeout=timeout)
 
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 5.0):
+        """The parsed JSON answer of an admin API call (an error status raises HTTPError)."""
         from pybk.security.web import admin_urlopen
         with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
             return json.loads(resp.read())

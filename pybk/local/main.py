@@ -84,8 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "fewer replicas decommission the highest-numbered bookies first (their "
                                        "ledgers are re-replicated to the others) and stop them only once no "
                                        "ledger references them. Going below the largest ensemble of an open "
-                                       "ledger is refused. Config changes restart bookies one at a time.")
-    apply.add_argument("-f", "--file", required=True, metavar="MANIFEST", help="BookieCluster manifest (YAML)")
+                                       "ledger is refused. Config changes restart bookies one at a time. "
+                                       "A BookieLog manifest creates, adopts or reconfigures its log and "
+                                       "enforces its retention once, as the operator does.")
+    apply.add_argument("-f", "--file", required=True, metavar="MANIFEST",
+                       help="BookieCluster, BookieLog or Secret manifest (YAML; Secrets are kept in "
+                            "DIR/secrets/<name>/<key>, where BookieLogs find their password)")
     common(apply)
     apply.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                        help="how long to wait for the change to finish (default %(default)s)")
@@ -268,6 +272,25 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from . import logs
+
+    if logs.has_logs(args.file) or logs.has_secrets(args.file):
+        data_dir = Path(args.data_dir).resolve()
+        if running_supervisor(data_dir) is None:
+            raise LocalClusterError(f"no local cluster is running in {data_dir}; start one with "
+                                    f"`pybk local up -f examples/cluster.yaml --data-dir {data_dir}`")
+        if logs.has_cluster(args.file):
+            code = _apply_cluster(args)
+            if code:
+                return code
+        stored = logs.store_secrets(args.file, data_dir)
+        if stored and args.output == "text":
+            print(f"stored Secret {', '.join(stored)} in {data_dir / 'secrets'}")
+        return logs.print_results(logs.apply_logs(args.file, data_dir), args.output)
+    return _apply_cluster(args)
+
+
+def _apply_cluster(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     spec = load_spec(args.file)
     supervisor = running_supervisor(data_dir)

@@ -31,7 +31,7 @@ from pybk.cluster import metadata as meta_side
 from pybk.cluster.controller import BELOW_ENSEMBLE, plan
 from pybk.cluster.observed import MetadataObservation, Observed
 from pybk.cluster.spec import BookieClusterSpec
-from pybk.recovery.process import AutoRecoveryProcess
+from pybk.local.autorecovery import AutoRecoveryProcess
 from pybk.security.roles import Role
 
 from .bookie import BookieProcess

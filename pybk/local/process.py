@@ -147,3 +147,41 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
+
+
+class AdminHttp:
+    """The admin HTTP API of a pybk child process (a bookie, autorecovery): where it answers and
+    what it is called with, its own tls_* (verifying with its tls_ca) and token_file. The class
+    that mixes it in has `host`, `http_port` and `options` (the process's options by name)."""
+
+    host: str
+    http_port: int
+    options: dict
+
+    @property
+    def tls(self) -> bool:
+        """Whether its admin HTTP serves TLS (it was given tls_cert)."""
+        return bool(self.options.get("tls_cert"))
+
+    @property
+    def http_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
+    @property
+    def http_security(self):
+        """What its admin HTTP is called with (a ClientSecurity)."""
+        from pybk.security.settings import ClientSecurity
+        return ClientSecurity.from_mapping(self.options)
+
+    def http_call(self, path: str, method: str = "GET", body: dict | None = None,
+                  timeout: float = 10.0) -> tuple[int, bytes]:
+        """(status, body) of an admin API call; an error status is answered, not raised."""
+        import urllib.error
+
+        from pybk.security.web import admin_urlopen
+        try:
+            with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+

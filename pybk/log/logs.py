@@ -224,6 +224,25 @@ class Logs:
         return LogDescription(name, ref.log_id, ref.config, head.epoch, writer.value.decode() if writer else None,
                               head.start_offset, end, segments, cursors)
 
+    # ---- configuration ------------------------------------------------------------------
+
+    async def reconfigure(self, name: str, config: LogConfig, *, password: bytes | None = None,
+                          force: bool = False) -> LogRef:
+        """Replace the log's stored configuration (needs its password, or `force` with the admin
+        role). Retention applies from the next `enforce_retention`; replication and rollover apply
+        to writers opened afterwards (a writer open now keeps the configuration it opened with, so
+        its segments keep their replication until it reopens). The digest cannot change: the
+        segments already written are signed with it."""
+        ref = await self.ref(name)
+        await self._authorize(ref, password, force, "reconfiguring")
+        config = config.validate()
+        if config.digest is not ref.config.digest:
+            raise InvalidLogConfigError(f"log {name!r} has digest {ref.config.digest.value}: its segments are "
+                                        f"written with it, so it cannot become {config.digest.value}")
+        if config != ref.config and not await self.meta.replace_config(name, ref.log_id, config, ref.password_hash):
+            raise LogNotFoundError(name)
+        return replace(ref, config=config)
+
     # ---- truncation, retention, deletion ------------------------------------------------
 
     async def truncate(self, name: str, before: int, *, password: bytes | None = None, force: bool = False) -> int:

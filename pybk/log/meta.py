@@ -63,6 +63,15 @@ class LogMeta:
             raise LogNotFoundError(f"#{log_id}")
         return config_from_bytes(kv.value)
 
+    async def replace_config(self, name: str, log_id: int, config: LogConfig, password_hash: bytes) -> bool:
+        """Store a new configuration for the log, if `name` still names `log_id` (not deleted or
+        re-created meanwhile); False if it does not."""
+        k = self.keys
+        resp = await self.etcd.txn(
+            [rpc.Compare(key=k.name(name), target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=b"%d" % log_id)],
+            [op_put(k.config(log_id), config_bytes(name, config, password_hash))], what=f"reconfigure log {name}")
+        return resp.succeeded
+
     # ---- head ---------------------------------------------------------------------------
 
     async def head(self, log_id: int) -> Head | None:

@@ -179,7 +179,7 @@ class RetentionService:
 
 
 async def run_as_auditor(metadata_uri: str, security, name: str, interval: float | None = None) -> None:
-    """The retention loop of the elected auditor (`pybk.recovery.service.AutoRecovery` runs it
+    """The retention loop of the elected auditor (`pybk.autorecovery.service.AutoRecovery` runs it
     while it leads), on a client of its own with autorecovery's credential."""
     from pybk.client import BookKeeper
     interval = interval_from_env() if interval is None else interval

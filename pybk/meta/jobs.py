@@ -4,7 +4,7 @@ A job that writes many ledgers (a Spark write, one micro-batch of a streaming qu
 creating its record under a create-if-absent transaction: `committed` with the ids of the ledgers
 that make up its output, or `aborted`. The record is written once and never changed, so every
 party (the driver, late task attempts, readers, the garbage collector) agrees on the outcome by
-reading one key. The rules that interpret it live in `pybk.spark.commit`.
+reading one key. The rules that interpret it live in `pybk.meta.job_commit`.
 """
 from __future__ import annotations
 

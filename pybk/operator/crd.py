@@ -1,4 +1,4 @@
-"""The BookieCluster CRD as data: load it, apply its defaults, check objects against it.
+"""pybk's CRDs (BookieCluster, BookieLog) as data: load them, apply defaults, check objects.
 
 What the API server does on create/update, done offline: structural defaults, the
 openAPIV3Schema (via `jsonschema`) and the `x-kubernetes-validations` CEL rules (via
@@ -18,20 +18,30 @@ import yaml
 
 # The repository's crds/ (a source checkout), or $PYBK_CRD (the image ships it in /opt/pybk/crds).
 CRD_PATH = Path(os.environ.get("PYBK_CRD") or Path(__file__).resolve().parents[2] / "crds" / "bookiecluster.yaml")
+# every kind's CRD, from the same directory
+CRD_PATHS = {"BookieCluster": CRD_PATH, "BookieLog": CRD_PATH.parent / "bookielog.yaml"}
+DEFAULT_KIND = "BookieCluster"
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=4)
 def load_crd(path: str | None = None) -> dict[str, Any]:
-    """The CustomResourceDefinition document."""
+    """The CustomResourceDefinition document (the BookieCluster's unless `path` names another)."""
     return yaml.safe_load(Path(path or CRD_PATH).read_text())
 
 
-def schema(version: str = "v1alpha1") -> dict[str, Any]:
-    """The openAPIV3Schema of one served version."""
-    for v in load_crd()["spec"]["versions"]:
+def crd_of(kind: str) -> dict[str, Any]:
+    """The CRD of `kind` (BookieCluster or BookieLog)."""
+    if kind not in CRD_PATHS:
+        raise KeyError(f"no pybk CRD for kind {kind!r} (known: {', '.join(sorted(CRD_PATHS))})")
+    return load_crd(str(CRD_PATHS[kind]))
+
+
+def schema(version: str = "v1alpha1", kind: str = DEFAULT_KIND) -> dict[str, Any]:
+    """The openAPIV3Schema of one served version of `kind`'s CRD."""
+    for v in crd_of(kind)["spec"]["versions"]:
         if v["name"] == version:
             return v["schema"]["openAPIV3Schema"]
-    raise KeyError(f"CRD has no version {version}")
+    raise KeyError(f"{kind} CRD has no version {version}")
 
 
 def apply_defaults(obj: Any, sch: dict[str, Any]) -> Any:
@@ -84,7 +94,7 @@ def cel_available() -> bool:
 
 
 def cel_violations(obj: dict[str, Any], old: dict[str, Any] | None = None,
-                   version: str = "v1alpha1") -> list[Violation]:
+                   version: str = "v1alpha1", kind: str | None = None) -> list[Violation]:
     """Evaluate the CRD's CEL rules on a defaulted object (and the old one for transition rules).
 
     Transition rules (those that mention `oldSelf`) are only checked on updates, where both the
@@ -94,7 +104,8 @@ def cel_violations(obj: dict[str, Any], old: dict[str, Any] | None = None,
 
     env = celpy.Environment()
     out: list[Violation] = []
-    for path, rule, value, old_value in _rules(schema(version), "", obj, old):
+    for path, rule, value, old_value in _rules(schema(version, kind or obj.get("kind") or DEFAULT_KIND),
+                                               "", obj, old):
         expr = rule["rule"]
         transition = "oldSelf" in expr
         if transition and (old is None or old_value is None):
@@ -112,11 +123,11 @@ def cel_violations(obj: dict[str, Any], old: dict[str, Any] | None = None,
     return out
 
 
-def schema_errors(obj: dict[str, Any], version: str = "v1alpha1") -> list[str]:
+def schema_errors(obj: dict[str, Any], version: str = "v1alpha1", kind: str | None = None) -> list[str]:
     """openAPIV3Schema errors (jsonschema), each with its JSON path."""
     import jsonschema
 
-    validator = jsonschema.Draft7Validator(schema(version))
+    validator = jsonschema.Draft7Validator(schema(version, kind or obj.get("kind") or DEFAULT_KIND))
     return [f"{'.'.join(str(p) for p in e.absolute_path) or '.'}: {e.message}"
             for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.path)))]
 
@@ -124,9 +135,10 @@ def schema_errors(obj: dict[str, Any], version: str = "v1alpha1") -> list[str]:
 def admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """What the API server would store and every reason it would refuse: (defaulted object, errors)."""
     version = obj.get("apiVersion", "").rpartition("/")[2] or "v1alpha1"
-    defaulted = apply_defaults(copy.deepcopy(obj), schema(version))
-    errors = schema_errors(defaulted, version)
+    kind = obj.get("kind") or DEFAULT_KIND
+    defaulted = apply_defaults(copy.deepcopy(obj), schema(version, kind))
+    errors = schema_errors(defaulted, version, kind)
     if not errors and cel_available():
-        old_defaulted = apply_defaults(copy.deepcopy(old), schema(version)) if old else None
-        errors = [str(v) for v in cel_violations(defaulted, old_defaulted, version)]
+        old_defaulted = apply_defaults(copy.deepcopy(old), schema(version, kind)) if old else None
+        errors = [str(v) for v in cel_violations(defaulted, old_defaulted, version, kind)]
     return defaulted, errors

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from pybk import config
 from pybk.cluster import metadata as meta_side
 from pybk.cluster.actions import (CancelDecommission, ClearDecommission, DeletePVCs, EnsureResources,
                                   RestartBookie, ScaleStatefulSet, SetCondition, StartDecommission,
@@ -27,16 +25,14 @@ from pybk.cluster.observed import DecommissionPhase, MetadataObservation, Observ
 from pybk.cluster.spec import GROUP, PLURAL, VERSION, BookieClusterSpec, SpecError
 from pybk.cluster.status import conditions, now_rfc3339, status as build_status
 
+from pybk.security.settings import ClientSecurity
+
 from . import render
 from .kube import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY = 15.0
-# Timer intervals are fixed when kopf registers the handlers (at import): `pybk operator` sets
-# these variables from its flags before importing this module.
-REFRESH_INTERVAL = config.OPERATOR.option("refresh_interval").value_in(os.environ)
-AUDIT_INTERVAL = config.OPERATOR.option("audit_interval").value_in(os.environ)
 METADATA_TIMEOUT = 10.0
 
 
@@ -73,6 +69,7 @@ class OperatorContext:
     """What the handlers work with; `main` fills it at start-up, tests put a recorder in."""
     kube: KubeApi
     default_metadata_uri: str | None = None
+    security: ClientSecurity | None = None  # what it presents to autorecovery (None: the environment's)
     stores: Stores = field(default_factory=Stores)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
@@ -323,7 +320,6 @@ async def on_resume(body, patch, logger, **_: Any) -> None:
     await reconcile(body, patch, logger)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=REFRESH_INTERVAL, initial_delay=REFRESH_INTERVAL)
 async def refresh(body, patch, logger, **_: Any) -> None:
     """Status from etcd (writable/readonly bookies, under-replication) and the next step of any
     scale-down or rolling restart in progress."""
@@ -343,7 +339,6 @@ async def on_bookie_pod(body, logger, **_: Any) -> None:
         logger.info("pod %s is in zone %r", body["metadata"]["name"], zone)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=AUDIT_INTERVAL, initial_delay=60)
 async def audit(body, patch, logger, **_: Any) -> None:
     """Ask the cluster's elected auditor to check every ledger now, and record when it agreed.
     No auditor (autorecovery down or scaled to 0) is a warning, not an error to retry."""
@@ -354,7 +349,7 @@ async def audit(body, patch, logger, **_: Any) -> None:
         return
     try:
         store = await ctx.stores.get(uri)
-        answer = await admin.trigger_audit(store)
+        answer = await admin.trigger_audit(store, security=ctx.security)
     except admin.AdminError as e:
         logger.warning("no audit of %s triggered: %s", spec.name, e)
         return
@@ -381,3 +376,11 @@ async def on_delete(body, logger, **_: Any) -> None:
                 await meta_side.clear_decommission(store, bid)
     except Exception as e:  # noqa: BLE001 - deletion must never be blocked by etcd
         logger.warning("could not clean drain records of %s: %s", spec.name, e)
+
+
+def register_timers(registry: kopf.OperatorRegistry, refresh_interval: float, audit_interval: float) -> None:
+    """Register the refresh and audit timers with the operator's intervals (its settings, loaded at
+    start-up): `refresh` every refresh_interval, `audit` every audit_interval."""
+    kopf.timer(GROUP, VERSION, PLURAL, interval=refresh_interval, initial_delay=refresh_interval,
+               registry=registry)(refresh)
+    kopf.timer(GROUP, VERSION, PLURAL, interval=audit_interval, initial_delay=60, registry=registry)(audit)

@@ -1,4 +1,4 @@
-"""AutoRecovery (auditor and replication worker) and decommission.
+"""Autorecovery's library (auditor, replication worker, decommission) and its admin calls.
 
 - plan.py: the pure decisions (what is missing where, copy runs, open-ledger grace, drain
   progress), tested without servers, on the geometry of `pybk.ledger`; replacement bookies are
@@ -7,11 +7,11 @@
   ListEntries check mark ledgers under-replicated; reports zone-spreading violations.
 - worker.py: replication workers: lock a marker, copy entries with recovery adds, CAS the fragment.
 - decommission.py: read-only + drain request + markers; the auditor finishes drains.
-- service.py: one process = auditor candidate + worker (`pybk autorecovery`, main.py), or embedded
-  in a bookie (`pybk bookie --autorecovery`, embedded.py).
-- http.py / admin.py / shell.py: `/api/v1/autorecovery/*`, the functions behind them, and the
-  `pybk shell` commands listunderreplicated, whoisauditor, triggeraudit, decommission, recover.
-- process.py: `AutoRecoveryProcess`, a real `pybk autorecovery` child process.
+- admin.py: the functions behind `/api/v1/autorecovery/*` and the `pybk shell` commands
+  (pybk.shell.recovery) listunderreplicated, whoisauditor, triggeraudit, decommission, recover.
+
+This package is the library; the process that runs it (`pybk autorecovery`, or embedded in a
+bookie) is `pybk.autorecovery`, and `pybk.local.autorecovery` starts one as a child process.
 
 Ledger metadata holds no master key (only one-way hashes: docs/security.md), so autorecovery
 re-replicates and fences ledgers without their keys: its copies and fences are keyless, which

@@ -13,7 +13,7 @@ from pybk.security.settings import ClientSecurity
 from pybk.security.web import admin_headers, admin_ssl
 
 from . import decommission, plan
-from .service import ELECTION
+from .auditor import ELECTION
 
 
 class AdminError(Exception):

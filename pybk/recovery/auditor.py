@@ -25,6 +25,7 @@ from .bookies import BookiePool, BookieUnavailable
 from .options import RecoveryOptions
 
 log = logging.getLogger(__name__)
+ELECTION = "auditor"  # the election whose leader is the auditor
 
 
 @dataclasses.dataclass

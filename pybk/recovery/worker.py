@@ -172,6 +172,7 @@ class ReplicationWorker:
             waiting = False
             bad = {b for b in plan.ledger_bookies(md.fragments) if b not in alive or b in draining}
             suspects = (marked & set(writable)) - draining
+            _refuse_read_only(md, marked & set(readonly) - draining)
             ranges = ledger.fragment_ranges(md.fragments, md.last_entry_id)
             restart = False
             for fi, frag in enumerate(md.fragments):
@@ -404,3 +405,15 @@ class ReplicationWorker:
             return True
         except entry.DigestMismatch:
             return False
+
+
+def _refuse_read_only(md, read_only: set[str]) -> None:
+    """A bookie marked as missing entries that is read-only now can take none back: the ledger
+    waits (ReplicationFailed, retried with back-off) rather than losing its marker unrepaired.
+    Only the writer's own last fragment of an open ledger is not ours to fill."""
+    last = len(md.fragments) - 1
+    held = sorted({b for i, frag in enumerate(md.fragments) if md.is_closed or i < last
+                   for b in frag.bookies if b in read_only})
+    if held:
+        raise ReplicationFailed(f"ledger {md.ledger_id}: {', '.join(held)} marked as missing entries but read-only; "
+                                "they are copied back once it is writable again")

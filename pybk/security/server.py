@@ -1,21 +1,33 @@
 """A server process's security from its options (bookie, autorecovery): TLS for its ports, who
 may call it, the credentials it presents when it calls others, and what it says at start.
 
-`ServerSecurity.from_config(cfg)` checks everything a start needs (the certificate, key and CA
+`ServerSecurity.from_options(options)` checks everything a start needs (the certificate, key and CA
 via `tls.check_identity`, the auth file) and raises `SecurityConfigError` (a CertificateError or
 AuthFileError, or a missing option) naming the file and the cause, before any port is bound.
 """
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+
+from pybk.config import option_field
 
 from .auth import Authenticator
 from .settings import ClientSecurity
 from .tls import ReloadingSSLContext, ServerTls
 
-__all__ = ["SecurityConfigError", "ServerSecurity", "start_warnings"]
+__all__ = ["SecurityConfigError", "SecurityOptions", "ServerSecurity", "start_warnings"]
+
+
+@dataclass(frozen=True)
+class SecurityOptions:
+    """A server process's security options: its TLS files and credentials (`client`, also what
+    it presents when it calls others), who may call it (auth_file) and what anyone may GET."""
+
+    client: ClientSecurity = field(default_factory=ClientSecurity)
+    auth_file: str | None = option_field("auth_file")
+    open_http_paths: tuple[str, ...] = option_field("open_http_paths")
+    tls_client_auth: bool = option_field("tls_client_auth")
 
 
 class SecurityConfigError(ValueError):
@@ -41,28 +53,33 @@ class ServerSecurity:
     tls: ServerTls | None
     authenticator: Authenticator
     open_paths: tuple[str, ...]
-    client: ClientSecurity
+    options: SecurityOptions
+
+    @property
+    def client(self) -> ClientSecurity:
+        """The credentials this process presents when it calls others."""
+        return self.options.client
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "ServerSecurity":
-        """From the process's options (tls_*, auth_file, open_http_paths, token_file); raises
-        SecurityConfigError, CertificateError or AuthFileError naming what is wrong."""
+    def from_options(cls, options: SecurityOptions) -> "ServerSecurity":
+        """From the process's security options; raises SecurityConfigError, CertificateError or
+        AuthFileError naming what is wrong."""
         try:
-            tls = ServerTls.from_config(cfg)
+            tls = ServerTls.from_options(options.client, options.tls_client_auth)
         except ValueError as exc:
             raise SecurityConfigError(str(exc)) from None
         if tls is not None and not tls.ca:
             raise SecurityConfigError("tls_cert is set but tls_ca is not: set the CA bundle that signed it "
                                       "(clients, and this process when it calls others, verify with it)")
-        if cfg.get("tls_client_auth") and tls is None:
+        if options.tls_client_auth and tls is None:
             raise SecurityConfigError("tls_client_auth needs tls_cert, tls_key and tls_ca")
         if tls is not None:
             from .tls import check_identity
             check_identity(tls)
-        authenticator = Authenticator(cfg.get("auth_file") or None)
-        open_paths = tuple(p.strip() for item in cfg.get("open_http_paths") or () for p in str(item).split(",")
+        authenticator = Authenticator(options.auth_file or None)
+        open_paths = tuple(p.strip() for item in options.open_http_paths for p in str(item).split(",")
                            if p.strip())
-        return cls(tls, authenticator, open_paths, ClientSecurity.from_mapping(cfg))
+        return cls(tls, authenticator, open_paths, options)
 
     @property
     def scheme(self) -> str:

@@ -8,26 +8,24 @@ exporting `PYBK_TLS_CA`, `PYBK_TLS_CERT`, `PYBK_TLS_KEY`, `PYBK_TLS_SERVER_NAME`
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["ClientSecurity", "ENV"]
+from pybk.config import COMMON, option_field
 
-# option name -> environment variable
-ENV = {"tls_ca": "PYBK_TLS_CA", "tls_cert": "PYBK_TLS_CERT", "tls_key": "PYBK_TLS_KEY",
-       "tls_server_name": "PYBK_TLS_SERVER_NAME", "token_file": "PYBK_TOKEN_FILE"}
+__all__ = ["ClientSecurity", "ENV"]
 
 
 @dataclass(frozen=True)
 class ClientSecurity:
     """TLS files and bearer token file of a client; all None means a plaintext, anonymous client."""
 
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_server_name: str | None = None
-    token_file: str | None = None
+    tls_ca: str | None = option_field("tls_ca")
+    tls_cert: str | None = option_field("tls_cert")
+    tls_key: str | None = option_field("tls_key")
+    tls_server_name: str | None = option_field("tls_server_name")
+    token_file: str | None = option_field("token_file")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> "ClientSecurity":
@@ -64,3 +62,7 @@ class ClientSecurity:
         if not self.token_file:
             return None
         return Path(self.token_file).read_text().strip() or None
+
+
+# option name -> environment variable, as the option table declares them
+ENV = {o.name: o.variable for o in COMMON if o.name in {f.name for f in fields(ClientSecurity)}}

@@ -51,17 +51,16 @@ class ServerTls:
     require_client_cert: bool = False
 
     @classmethod
-    def from_config(cls, cfg) -> "ServerTls | None":
-        """From a process's options, or None when tls_cert is not set. ValueError naming what is
-        missing when only part of it is."""
-        if not cfg.get("tls_cert"):
-            if cfg.get("tls_key"):
+    def from_options(cls, client: ClientSecurity, require_client_cert: bool = False) -> "ServerTls | None":
+        """From a process's TLS files (its client security options), or None when tls_cert is not
+        set. ValueError naming what is missing when only part of it is."""
+        if not client.tls_cert:
+            if client.tls_key:
                 raise ValueError("tls_key is set but tls_cert is not: set both to serve TLS")
             return None
-        if not cfg.get("tls_key"):
+        if not client.tls_key:
             raise ValueError("tls_cert is set but tls_key is not: set both to serve TLS")
-        return cls(str(cfg["tls_cert"]), str(cfg["tls_key"]), str(cfg["tls_ca"]) if cfg.get("tls_ca") else None,
-                   bool(cfg.get("tls_client_auth")))
+        return cls(client.tls_cert, client.tls_key, client.tls_ca, require_client_cert)
 
     def paths(self) -> tuple[str, ...]:
         return (self.cert, self.key) + ((self.ca,) if self.ca else ())

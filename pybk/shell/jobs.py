@@ -10,8 +10,8 @@ from .core import Shell, ShellError, command
 
 
 def _gc_args(p: argparse.ArgumentParser) -> None:
-    from pybk.spark.commit import DEFAULT_GRACE_S
-    from pybk.spark.gc import DEFAULT_RETENTION_S
+    from pybk.meta.job_commit import DEFAULT_GRACE_S
+    from pybk.meta.job_gc import DEFAULT_RETENTION_S
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
                    help="a job that has not decided this long after creating a ledger is aborted and its "
                         f"ledgers deleted (default {DEFAULT_GRACE_S:.0f}; jobs running longer fail their commit)")
@@ -36,7 +36,7 @@ def _render_gc(d: dict[str, Any], args: Any = None) -> str:
 @command("gc-jobs", "delete ledgers of write jobs that aborted or never committed (after a grace period), "
          "finish interrupted commits and remove old job records; needs the admin role", _gc_args, _render_gc)
 async def gc_jobs(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
-    from pybk.spark import gc
+    from pybk.meta import job_gc as gc
     store = await sh.store()
     bk = await sh.bk()
     if not args.dry_run:

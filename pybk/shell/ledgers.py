@@ -112,7 +112,7 @@ def _listledgers_args(p: argparse.ArgumentParser) -> None:
 async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
     """ledger_json of every ledger the job created, each with a `job` part: its partition, its
     own state (pending / committed) and whether readers see it (the job's record decides)."""
-    from pybk.spark import commit, gc
+    from pybk.meta import job_commit as commit, job_gc as gc
     record = await store.jobs.get(job_id)  # also refuses a malformed job id
     outcome = record.outcome.value if record is not None else "undecided"
     rows = []

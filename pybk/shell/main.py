@@ -14,7 +14,7 @@ from typing import Any
 
 from .core import COMMANDS, Command, Shell, ShellError, resolve_cluster
 
-EXTENSION_MODULES = ("pybk.recovery.shell",)
+EXTENSION_MODULES = ("pybk.shell.recovery",)
 
 
 def _load_extensions() -> None:

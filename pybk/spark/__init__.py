@@ -36,7 +36,7 @@ def written_ledgers(uri: str, job_id: str) -> dict[int, int]:
     from pybk.meta import MetadataStore
     from pybk.meta.jobs import check_job_id
 
-    from . import gc
+    from pybk.meta import job_gc as gc
 
     check_job_id(job_id)
 

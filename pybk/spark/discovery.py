@@ -86,7 +86,7 @@ async def hide_pending(bk: Any, mds: list[Any], named: bool) -> list[Any]:
     """mds without the ledgers readers may not see yet: those a write job created and has not
     committed (`commit.visible`; each job's record fetched once). A named ledger that is pending
     is an error naming it and its job."""
-    from . import commit
+    from pybk.meta import job_commit as commit
     records: dict[str, Any] = {}
     out = []
     for md in mds:

@@ -4,7 +4,7 @@
 ledger per task, created pending (`commit.pending_tags`). The micro-batch's job id is
 `<query id>.<batch id>` (`stream_job_id`), so a batch that Spark replays after a failure (same
 checkpoint: same query id and batch id) is the same job, and the job record decides once which
-attempt's ledgers hold its rows (`pybk.spark.commit`, rules 1-5):
+attempt's ledgers hold its rows (`pybk.meta.job_commit`, rules 1-5):
 
 - tasks (executors) learn the query and batch from Spark's local properties `sql.streaming.queryId`
   and `streaming.sql.batchId`; after closing its ledger a task reads the record and deletes its
@@ -20,7 +20,7 @@ attempt's ledgers hold its rows (`pybk.spark.commit`, rules 1-5):
   commit or `pybk shell gc-jobs` deletes them.
 
 Shared with the batch writer (`writer`): `LedgerWritten`, `_partition_id`, `_write_partition`
-(with the batch's tags), `decide` and `settle` (which use `pybk.spark.gc.settle`), and
+(with the batch's tags), `decide` and `settle` (which use `pybk.meta.job_gc.settle`), and
 `with_cluster_defaults`.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from pybk.meta.jobs import JobOutcome, JobRecord, check_job_id
 
-from .commit import BATCH_KEY, QUERY_KEY, pending_tags
+from pybk.meta.job_commit import BATCH_KEY, QUERY_KEY, pending_tags
 from .options import WriteOptions
 from .runtime import client, run
 from .writer import LedgerWritten, _partition_id, _write_partition, decide, settle, with_cluster_defaults

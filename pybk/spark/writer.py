@@ -1,10 +1,10 @@
 """The batch writer of the `pybk` data source: one new ledger per partition, committed all at once.
 
-The commit protocol is `pybk.spark.commit` (its docstring): every task's ledger is created
+The commit protocol is `pybk.meta.job_commit` (its docstring): every task's ledger is created
 pending (invisible to readers); the driver's commit decides the job record `committed` with the
 reported ledgers, which makes them visible together; abort decides it `aborted`. Whatever else
 is tagged with the job (attempts that lost, tasks that outlive an abort) is deleted by the driver,
-by the late attempt itself, or by the garbage collector (`pybk.spark.gc`).
+by the late attempt itself, or by the garbage collector (`pybk.meta.job_gc`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from pybk.meta.jobs import JobOutcome, JobRecord
 
-from . import commit, gc
+from pybk.meta import job_commit as commit, job_gc as gc
 from .options import OptionError, WriteOptions
 from .runtime import client, is_no_such_ledger, run
 

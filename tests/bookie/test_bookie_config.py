@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
+from pybk import config
 from pybk.bookie.main import add_arguments
+from pybk.bookie.settings import BookieSettings
 from pybk.config import BOOKIE, ConfigError, parse_size, resolve
 
 
@@ -45,10 +47,10 @@ def test_help_explains_every_option(child_processes):
 
 def _connections(**options):
     from pybk.bookie.main import connection_limits
-    cfg = resolve(parse(["--journal-dir", "/j", "--ledger-dir", "/l",
-                         *(f"--{k.replace('_', '-')}={v}" for k, v in options.pop("flags", {}).items())]),
-                  BOOKIE, environ={})
-    return connection_limits(cfg, options["open_files"])
+    settings = config.settings(BookieSettings, parse(["--journal-dir", "/j", "--ledger-dir", "/l",
+                               *(f"--{k.replace('_', '-')}={v}" for k, v in options.pop("flags", {}).items())]),
+                               BOOKIE, environ={})
+    return connection_limits(settings.connections, options["open_files"])
 
 
 def test_the_connection_limit_leaves_the_reserved_descriptors_to_the_bookie():

@@ -11,7 +11,7 @@ import pytest
 
 from pybk import entry
 from pybk.client.bookie_client import BookieClient, BookieError, Status
-from pybk.bookie.journal import FILE_HEADER_SIZE, Journal, Mark, RecordType, encode_record, journal_files, replay
+from pybk.bookie.journal import FILE_HEADER_SIZE, Journal, JournalOptions, Mark, RecordType, encode_record, journal_files, replay
 from pybk.meta import MetadataStore
 
 KEY = entry.master_key(b"journal")
@@ -119,7 +119,7 @@ async def test_accepted_journal_loss_starts_and_marks_the_bookies_ledgers_under_
 async def test_a_torn_tail_in_a_preallocated_journal_file_is_accepted(tmp_path):
     """A crash mid-group leaves a record half written and zeros after it: replay cuts it off and
     keeps every record before it (the torn one was never acknowledged)."""
-    j = Journal(tmp_path, prealloc=64 * 1024)
+    j = Journal(tmp_path, JournalOptions(prealloc_size=64 * 1024))
     j.open()
     for i in range(10):
         await j.append(encode_record(RecordType.ADD, 1, i, b"z" * 50))
@@ -173,14 +173,14 @@ async def test_a_journal_file_left_unused_by_a_stop_mid_roll_is_not_a_gap(tmp_pa
     from pybk.bookie.journal import encode_file_header, journal_path, read_head
     from pybk.proto import pb
 
-    opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=64 * 1024)
+    opts = StorageOptions(checkpoint_interval=3600, journal=JournalOptions(prealloc_size=64 * 1024))
     b = Bookie(tmp_path / "j", [tmp_path / "l"], opts)
     await b.start()
     errors, fut = b.add_batch([pb.AddEntry(ledger_id=3, entry_id=e, master_key=KEY, body=body(3, e))
                                for e in range(50)])
     await fut
-    await b.journal.close()
-    b.started = False  # a crash: no final checkpoint
+    await b.storage.journal.close()
+    b.storage.started = False  # a crash: no final checkpoint
     await b.close()
     seq = read_head(tmp_path / "j").seq + 1
     with open(journal_path(tmp_path / "j", seq), "wb") as f:

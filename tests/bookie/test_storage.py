@@ -11,11 +11,14 @@ import pytest
 from pybk import entry
 from pybk.bookie.bookie import Bookie, BookieStorageError, StorageOptions
 from pybk.bookie.entrylog import LOG_HEADER
-from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, Mark, RecordType, encode_record,
+from pybk.bookie.gc import Housekeeping
+from pybk.bookie.journal import (FILE_HEADER_SIZE, Journal, JournalCorruptError, JournalOptions, Mark, RecordType, encode_record,
                                  encode_run, journal_files, replay)
 from pybk.bookie.state import LedgerKeys, LedgerState, admit_new_key
 from pybk.bookie.writecache import WriteCache
 from pybk.proto import pb
+
+NO_PREALLOC = JournalOptions(prealloc_size=0)
 
 KEY = entry.master_key(b"pw")
 
@@ -60,7 +63,7 @@ class _ThreadRecordingJournal(Journal):
 
 async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thread(tmp_path):
     loop_thread = threading.get_ident()
-    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j = _ThreadRecordingJournal(tmp_path, JournalOptions(inline_bytes=1000))
     j.open()
     await j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 10))
     await j.append(encode_record(RecordType.ADD, 1, 1, b"x" * 5000))
@@ -73,7 +76,7 @@ async def test_small_groups_sync_on_the_loop_big_groups_and_slow_disks_in_a_thre
 
 async def test_a_busy_loop_does_not_keep_small_groups_off_it(tmp_path):
     loop_thread = threading.get_ident()
-    j = _ThreadRecordingJournal(tmp_path, inline_max_bytes=1000)
+    j = _ThreadRecordingJournal(tmp_path, JournalOptions(inline_bytes=1000))
     j.open()
     big = j.append(encode_record(RecordType.ADD, 1, 0, b"x" * 5000))
     deadline = time.monotonic() + 10
@@ -89,7 +92,7 @@ async def test_a_busy_loop_does_not_keep_small_groups_off_it(tmp_path):
 
 
 async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
-    j = Journal(tmp_path, max_file_size=1000)
+    j = Journal(tmp_path, JournalOptions(max_file_size=1000))
     j.open()
     for i in range(40):
         await j.append(encode_record(RecordType.ADD, 7, i, b"y" * 100))
@@ -99,7 +102,7 @@ async def test_journal_rotates_by_size_and_replays_across_files(tmp_path):
 
 
 async def test_torn_tail_is_truncated_and_corrupt_middle_is_refused(tmp_path):
-    j = Journal(tmp_path)
+    j = Journal(tmp_path, NO_PREALLOC)  # a file cut short is then a torn tail
     j.open()
     for i in range(10):
         await j.append(encode_record(RecordType.ADD, 1, i, b"z" * 50))
@@ -123,7 +126,7 @@ async def test_a_run_is_one_record_of_its_bodies_as_given_replayed_as_its_entrie
     packed = b"".join(bodies)
     parts = encode_run(7, ids, [len(b) for b in bodies], packed)
     assert parts[-1] is packed  # the bodies are passed on, not copied
-    j = Journal(tmp_path)
+    j = Journal(tmp_path, NO_PREALLOC)  # a file cut short is then a torn tail
     j.open()
     await j.append([encode_record(RecordType.MASTER_KEY, 7, -1, b"k"), *parts])
     await j.append(encode_run(8, [0], [2], b"zz"))
@@ -169,7 +172,7 @@ def test_write_cache_bytes_are_exact_without_rewrites():
 
 
 async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path, child_processes):
-    opts = StorageOptions(checkpoint_interval=3600, journal_prealloc=0)  # file size = end of its records
+    opts = StorageOptions(checkpoint_interval=3600, journal=JournalOptions(prealloc_size=0))  # file size = end of its records
     b = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
     await b.start()
     res, fut = b.add_batch(adds(1, 0, 20, lac=-2) + adds(2, 0, 5))
@@ -179,16 +182,16 @@ async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path, chil
     res, fut = b.add_batch(adds(1, 20, 10, lac=-2) + adds(6, 0, 3))
     await fut
     assert b.lac(1) == 28
-    (_, current), = [(s, p) for s, p in journal_files(tmp_path / "j") if s == b.journal.position.seq]
-    assert b.journal.position.offset == current.stat().st_size  # marks point at record boundaries
+    (_, current), = [(s, p) for s, p in journal_files(tmp_path / "j") if s == b.storage.journal.position.seq]
+    assert b.storage.journal.position.offset == current.stat().st_size  # marks point at record boundaries
     # simulate a crash: no final checkpoint
-    await b.journal.close()
-    b.started = False
+    await b.storage.journal.close()
+    b.storage.started = False
     await b.close()
     b2 = Bookie(tmp_path / "j", [tmp_path / "l1", tmp_path / "l2"], opts)
     await b2.start()
     try:
-        assert b2.replayed > 0
+        assert b2.storage.replayed > 0
         for e in adds(1, 0, 30, lac=-2):
             assert b2.read_entry(1, e.entry_id) == e.body
         assert b2.read_entry(2, 4) == adds(2, 4, 1)[0].body
@@ -196,7 +199,7 @@ async def test_adds_survive_restart_via_replay_and_via_checkpoint(tmp_path, chil
         assert b2.lac(1) == 28
         assert b2.list_entries(1) == [(0, 29)]
         await b2.checkpoint()
-        assert b2.cache.count == 0
+        assert b2.storage.cache.count == 0
         assert b2.read_entry(1, 25) == adds(1, 25, 1, lac=-2)[0].body
     finally:
         await b2.close()
@@ -209,8 +212,8 @@ async def test_a_rotted_entry_log_record_is_refused_and_the_others_still_read(tm
         batch = adds(3, 0, 10, size=300)
         await b.add_batch(batch)[1]
         await b.checkpoint()
-        _, log_id, offset = b.index.location(3, 4)
-        with open(b.entrylogs[0].path(log_id), "r+b") as f:  # one bit flips in entry 4's body
+        _, log_id, offset = b.storage.index.location(3, 4)
+        with open(b.storage.entrylogs[0].path(log_id), "r+b") as f:  # one bit flips in entry 4's body
             f.seek(offset + LOG_HEADER + 100)
             byte = f.read(1)
             f.seek(offset + LOG_HEADER + 100)
@@ -237,8 +240,8 @@ async def test_master_key_enforced_and_fence_durable(tmp_path, child_processes):
     res, fut = b.add_batch(adds(3, 2, 1, flags=pb.RECOVERY_ADD))
     assert res == []
     await fut
-    await b.journal.close()
-    b.started = False
+    await b.storage.journal.close()
+    b.storage.started = False
     await b.close()
     b2 = Bookie(tmp_path / "j", [tmp_path / "l"], StorageOptions(checkpoint_interval=3600))
     await b2.start()
@@ -309,12 +312,12 @@ async def test_compaction_rewrites_mostly_dead_entry_logs_and_keeps_live_entries
         await b.checkpoint()
         await b.add_batch(adds(3, 0, 50))[1]
         await b.checkpoint()
-        logs_before = b.entrylogs[0].log_ids()
+        logs_before = b.storage.entrylogs[0].log_ids()
         assert len(logs_before) >= 2
         assert await b.delete_ledgers({2}) == 90
-        result = await b.compact()
+        result = await b.compact(Housekeeping().compaction_threshold)
         assert result["rewritten_logs"] == 1 and result["copied_entries"] == 10 and result["reclaimed_bytes"] > 0
-        assert logs_before[0] not in b.entrylogs[0].log_ids()
+        assert logs_before[0] not in b.storage.entrylogs[0].log_ids()
         for e in adds(1, 0, 10) + adds(3, 0, 50):
             assert b.read_entry(e.ledger_id, e.entry_id) == e.body
         assert b.read_entry(2, 0) is None and not b.has_ledger(2)
@@ -350,14 +353,14 @@ async def test_failed_journal_write_turns_the_bookie_read_only(tmp_path):
     await b.start()
     try:
         await b.add_batch(adds(1, 0, 1))[1]
-        os.close(b.journal._fd)  # the disk goes away under the writer
+        os.close(b.storage.journal._fd)  # the disk goes away under the writer
         res, fut = b.add_batch(adds(1, 1, 1))
         with pytest.raises(OSError):
             await fut
-        assert b.read_only and b.journal_failed
+        assert b.read_only and b.disk.journal_failed
         assert statuses(b.add_batch(adds(1, 2, 1))[0], 1) == [pb.READ_ONLY]
         assert b.read_entry(1, 0) == adds(1, 0, 1)[0].body
-        b.journal._fd = os.open(os.devnull, os.O_WRONLY)  # let close() release something valid
+        b.storage.journal._fd = os.open(os.devnull, os.O_WRONLY)  # let close() release something valid
     finally:
         await b.close()
 
@@ -498,10 +501,10 @@ async def test_entries_are_write_once_in_the_cache_in_flight_and_in_the_index(tm
                         5: _entry(5, 5, b"v1-5").body}
         checkpoint = asyncio.ensure_future(b.checkpoint())
         await asyncio.sleep(0)  # the checkpoint has taken the cache: its entries are in flight
-        assert b.flushing is not None and not b.cache.count
+        assert b.storage.flushing is not None and not b.storage.cache.count
         assert statuses(b.add_batch([_entry(5, 0, b"v2-0")])[0], 1) == [pb.ENTRY_EXISTS]
         await checkpoint
-        assert b.index.location(5, 0) is not None and b.cache.get(5, 0) is None
+        assert b.storage.index.location(5, 0) is not None and b.storage.cache.get(5, 0) is None
         errors, fut = b.add_batch([_entry(5, 0, b"v1-0"), _entry(5, 1, b"v2-1"), _entry(5, 6, b"v1-6")])
         assert statuses(errors, 3) == [pb.OK, pb.ENTRY_EXISTS, pb.OK]
         await fut
@@ -525,8 +528,8 @@ async def test_a_rotted_copy_of_an_entry_is_replaced_by_an_add(tmp_path):
         good = _entry(6, 0, b"x" * 300)
         await b.add_batch([good])[1]
         await b.checkpoint()
-        _, log_id, offset = b.index.location(6, 0)
-        with open(b.entrylogs[0].path(log_id), "r+b") as f:
+        _, log_id, offset = b.storage.index.location(6, 0)
+        with open(b.storage.entrylogs[0].path(log_id), "r+b") as f:
             f.seek(offset + LOG_HEADER + 100)
             f.write(b"y")
         errors, fut = b.add_batch([good])

@@ -14,7 +14,7 @@ from pybk.client import BookKeeper
 from pybk.log import (LogConfig, Logs, LogTruncatedError, Retention, RetentionPolicy, Rollover, SegmentState,
                       WriterOptions)
 from pybk.log.layout import ledger_owner
-from pybk.recovery.process import AutoRecoveryProcess
+from pybk.local.autorecovery import AutoRecoveryProcess
 
 PW = b"log-password"
 

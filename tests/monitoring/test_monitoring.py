@@ -334,7 +334,7 @@ def expected_type(name: str) -> str:
 
 
 def test_every_metric_the_dashboard_and_alerts_use_is_exported_by_real_processes(bookies, metadata_uri, tmp_path):
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
     (bookie,) = bookies(1)
     recovery = AutoRecoveryProcess(tmp_path / "autorecovery.log", metadata_uri).start()
     try:

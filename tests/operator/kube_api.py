@@ -29,6 +29,8 @@ NAMESPACE = "default"
 # group/version/plural -> (kind, namespaced, subresources): what the operator and kopf touch
 RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "pybk.io/v1alpha1/bookieclusters": ("BookieCluster", True, {"status", "scale"}),
+    "pybk.io/v1alpha1/bookielogs": ("BookieLog", True, {"status"}),
+    "v1/secrets": ("Secret", True, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, set()),
     "v1/pods": ("Pod", True, {"status"}),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, set()),

@@ -50,8 +50,18 @@ def test_chart_lints_clean():
     assert helm.lint(str(CHART))["errors"] == []
 
 
-def test_chart_crd_is_the_repository_crd():
-    assert (CHART / "crds" / "bookiecluster.yaml").read_text() == crd.CRD_PATH.read_text()
+@pytest.mark.parametrize("kind", sorted(crd.CRD_PATHS))
+def test_chart_crds_are_the_repository_crds(kind):
+    path = crd.CRD_PATHS[kind]
+    assert (CHART / "crds" / path.name).read_text() == path.read_text()
+
+
+def test_operator_may_manage_bookielogs_and_read_only_named_secrets():
+    role = next(d for d in rendered({}) if d["kind"] == "ClusterRole")
+    rules = [(set(r["apiGroups"]), set(r["resources"]), set(r["verbs"])) for r in role["rules"]]
+    logs = [v for g, r, v in rules if "pybk.io" in g and {"bookielogs", "bookielogs/status", "bookielogs/finalizers"} <= r]
+    assert logs and {"get", "list", "watch", "patch"} <= logs[0]
+    assert [v for g, r, v in rules if "" in g and "secrets" in r] == [{"get"}]     # by name: no list, no watch
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))

@@ -12,7 +12,7 @@ from pybk.operator import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml")
-                  if (yaml.safe_load(p.read_text()) or {}).get("kind") == "BookieCluster")
+                  if any((d or {}).get("kind") == "BookieCluster" for d in yaml.safe_load_all(p.read_text())))
 VALID = [p for p in EXAMPLES if "invalid" not in p.name]
 INVALID = [p for p in EXAMPLES if "invalid" in p.name]
 

@@ -307,7 +307,7 @@ async def test_scale_down_of_a_bookie_that_never_started_needs_no_drain(operator
 
 
 async def test_audit_timer_triggers_the_elected_auditor(operator, metadata_uri, store, tmp_path):
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
 
     b = body(metadata_uri)
     operator(running(b, 3))

@@ -22,3 +22,11 @@ def test_check_accepts_valid_and_rejects_invalid_manifests_with_reasons(child_pr
     assert json.loads(bad.stdout)["errors"] == [".spec: ledgerDefaults.ackQuorum must be <= ledgerDefaults.writeQuorum"]
     missing = check("examples/no-such-file.yaml")
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+def test_check_takes_bookielogs_too(child_processes):
+    ok = check("examples/bookielog.yaml")
+    assert ok.returncode == 0 and "valid" in ok.stdout, ok.stderr
+    bad = check("examples/bookielog-invalid-ack-above-write.yaml")
+    assert bad.returncode == 1
+    assert "invalid BookieLog" in bad.stderr and "replication.ackQuorum must be <= replication.writeQuorum" in bad.stderr

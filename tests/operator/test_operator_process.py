@@ -30,7 +30,7 @@ from pybk.local.bookie import BookieProcess
 from pybk.local.process import free_port
 from pybk.meta import MetadataStore
 from pybk.operator import render
-from pybk.recovery.process import AutoRecoveryProcess
+from pybk.local.autorecovery import AutoRecoveryProcess
 from pybk.security.settings import ENV
 
 NAME = "demo"

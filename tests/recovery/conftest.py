@@ -18,7 +18,7 @@ def short_lease_uri(etcd) -> str:
 @pytest.fixture
 def autorecovery(tmp_path, short_lease_uri):
     """Factory of `pybk autorecovery` processes (FAST options unless overridden); all killed after."""
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
 
     started: list[AutoRecoveryProcess] = []
 

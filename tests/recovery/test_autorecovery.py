@@ -247,7 +247,7 @@ async def test_an_autorecovery_whose_worker_stops_by_itself_ends_naming_it(short
     cancelled from inside), run() stops the other too and raises RecoveryStopped naming it, so the
     process exits non-zero instead of idling on as half an autorecovery."""
     from pybk.recovery.options import RecoveryOptions
-    from pybk.recovery.service import AutoRecovery, RecoveryStopped
+    from pybk.autorecovery.service import AutoRecovery, RecoveryStopped
 
     store = await MetadataStore.connect(short_lease_uri)
     try:

@@ -1,4 +1,4 @@
-"""The write-job garbage collector (pybk.spark.gc) through `pybk shell gc-jobs` and the elected
+"""The write-job garbage collector (pybk.meta.job_gc) through `pybk shell gc-jobs` and the elected
 autorecovery auditor, on real etcd and bookies: what jobs leave behind is settled by their record."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from polling import eventually
 
 from pybk.client import BookKeeper
 from pybk.meta.jobs import JobOutcome, JobRecord
-from pybk.spark import commit, written_ledgers
+from pybk.meta import job_commit as commit
+from pybk.spark import written_ledgers
 
 PW = b"job-pw"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.entrylog import LOG_HEADER
 from pybk.client import BookKeeper
@@ -16,7 +18,11 @@ from entrylog_files import records
 from recovery_checks import PASSWORD, assert_fully_replicated, eventually
 
 
-async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies, short_lease_uri, autorecovery):
+@pytest.mark.parametrize("read_only_first", [False, True], ids=["writable", "read-only-first"])
+async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies, short_lease_uri, autorecovery,
+                                                                        read_only_first):
+    """With read_only_first, the victim is read-only when autorecovery starts: its ledgers keep
+    their markers (the worker says why) until it is writable again, and are then repaired."""
     # 1 KiB entry logs: every checkpoint (here: every clean restart) starts a new log file
     procs = bookies(3, metadata_uri=short_lease_uri, registration_ttl=2, entrylog_max_file_size="1KiB")
     victim = procs[0]
@@ -26,14 +32,16 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
         for _ in range(3):  # one ledger per entry log of the victim
             # a client per ledger: one that kept its connection to the victim from before the restart
             # may find it broken at the first add, and with no spare bookie its entries, acked by the
-            # other two, would never reach the victim
+            # other two, would never reach the victim; and it stays open until every bookie holds
+            # every entry (an ack needs two: the third copy may still be on its way)
             async with await BookKeeper.connect(short_lease_uri) as bk:
                 lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
                 payloads = [os.urandom(500) for _ in range(300)]
                 await asyncio.gather(*(lh.add_entry_async(p) for p in payloads))
                 await lh.close()
+                for p in procs:
+                    await eventually(lambda: _holds(p, lh.ledger_id, [(0, 299)]), 10, what=f"{p.bookie_id} to hold the ledger")
             written[lh.ledger_id] = payloads
-            await eventually(lambda: _holds(victim, lh.ledger_id, [(0, 299)]), 10, what="the victim to hold the ledger")
             await asyncio.to_thread(victim.restart)
         flipped, cut, deleted = written
         await asyncio.to_thread(victim.stop)
@@ -68,11 +76,29 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
                 except BookieError as exc:
                     assert exc.code is Status.NO_ENTRY, exc
 
-        autorecovery()
+        if read_only_first:
+            await asyncio.to_thread(victim.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})
+            await eventually(lambda: _read_only(store, victim.bookie_id), 20, what="the victim registered read-only")
+        worker = autorecovery()
+        if read_only_first:
+            await eventually(lambda: _waits_for(worker, victim.bookie_id, lost), 60,
+                             what="the worker to say each ledger waits for the read-only victim")
+            assert sorted([m.ledger_id async for m in store.underreplication.list()]) == sorted(lost)
+            await asyncio.to_thread(victim.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})
         await eventually(lambda: _no_markers(store), 120, what="autorecovery to repair the scrubbed ledgers")
         await assert_fully_replicated(store, {p.bookie_id: p.address for p in procs}, written)
     finally:
         await store.close()
+
+
+async def _read_only(store, bookie_id: str) -> bool:
+    return bookie_id in await store.registry.readonly()
+
+
+def _waits_for(worker, bookie_id: str, ledgers) -> bool:
+    status, body = worker.http_json("/api/v1/autorecovery/status")
+    errors = body.get("worker_errors", {}) if status == 200 else {}
+    return all(bookie_id in errors.get(str(lid), "") and "read-only" in errors[str(lid)] for lid in ledgers)
 
 
 async def _no_markers(store) -> bool:

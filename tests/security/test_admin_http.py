@@ -76,7 +76,7 @@ async def test_open_paths_are_configurable(bookies, pki):
 
 
 async def test_autorecovery_decommission_and_audit_need_admin(bookies, pki, metadata_uri, tmp_path):
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
     bookie, _ = bookies(2, **pki.bookie_options())
     await allocate(metadata_uri, [1], KEY)  # bookies take keys only for allocated ledgers
     ar = AutoRecoveryProcess(tmp_path / "autorecovery.log", metadata_uri, tls_cert=pki.server.cert,

@@ -13,7 +13,7 @@ PASSWORD = b"secured"
 
 
 async def test_autorecovery_with_tls_and_admin_token_rereplicates_a_lost_bookie(bookies, pki, etcd, tmp_path):
-    from pybk.recovery.process import AutoRecoveryProcess
+    from pybk.local.autorecovery import AutoRecoveryProcess
     uri = etcd.metadata_uri("pybk") + "?lease_ttl=2"
     procs = bookies(4, metadata_uri=uri, registration_ttl=2, **pki.bookie_options())
     written: dict[int, list[bytes]] = {}

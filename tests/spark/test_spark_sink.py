@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 from pybk.meta.jobs import JobOutcome, JobRecord
-from pybk.spark.commit import JOB_KEY, WriteState, state_of
+from pybk.meta.job_commit import JOB_KEY, WriteState, state_of
 from pybk.spark.options import OptionError, WriteOptions
 from pybk.spark.runtime import run
 from pybk.spark.source import LedgerDataSource

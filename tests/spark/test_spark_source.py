@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from pybk.client import BookKeeper
-from pybk.spark.commit import JOB_KEY
+from pybk.meta.job_commit import JOB_KEY
 from pybk.spark.session import activate
 
 PW = b"spark-pw"
@@ -243,7 +243,7 @@ async def test_write_then_read_back_and_failed_jobs_leave_no_ledgers(spark, clus
 
 async def test_commit_deletes_ledgers_of_task_attempts_that_did_not_commit(spark, cluster):
     from pybk.spark import written_ledgers
-    from pybk.spark.commit import pending_tags
+    from pybk.meta.job_commit import pending_tags
     uri, bk, _ = cluster
     # what a task attempt killed mid-write leaves behind: an OPEN pending ledger tagged with the job
     stray = await write_ledger(bk, 5, close=False, **pending_tags("job-retried", 1))

@@ -12,8 +12,9 @@ from polling import eventually
 from pybk.meta import MetadataStore
 from pybk.meta.cluster import LedgerDefaults
 from pybk.meta.jobs import JobOutcome
-from pybk.spark import gc, written_ledgers
-from pybk.spark.commit import WriteState, state_of
+from pybk.meta import job_gc as gc
+from pybk.spark import written_ledgers
+from pybk.meta.job_commit import WriteState, state_of
 from pybk.spark.session import activate
 
 PW = "write-pw"

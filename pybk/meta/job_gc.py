@@ -1,6 +1,6 @@
 """Job ledgers: which ledgers a write job made, and settling what crashed jobs left behind.
 
-The I/O around the pure rules of `pybk.spark.commit`, shared by the batch writer (commit, abort),
+The I/O around the pure rules of `pybk.meta.job_commit`, shared by the batch writer (commit, abort),
 `pybk.spark.written_ledgers`, `pybk shell listledgers --job` / `gc-jobs` and the elected
 autorecovery auditor (`collect`, periodically). Imports neither pyspark nor the ledger client:
 everything goes through a `pybk.meta.MetadataStore`.
@@ -16,14 +16,14 @@ from pybk.meta.errors import NoSuchLedgerError, VersionConflictError
 from pybk.meta.jobs import JobOutcome, JobRecord
 from pybk.meta.ledgers import LedgerMetadata
 
-from . import commit
-from .commit import GcAction, WriteState
+from . import job_commit as commit
+from .job_commit import GcAction, WriteState
 
-log = logging.getLogger("pybk.spark.gc")
+log = logging.getLogger("pybk.meta.job_gc")
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0  # a settled job's record is kept this long (then `written_ledgers` scans tags)
 
-Delete = Callable[[LedgerMetadata], Awaitable[None]]
+Delete = Callable[[LedgerMetadata], Awaitable[None]]  # raises a LookupError when the ledger is gone
 
 
 async def tagged(store, job_id: str | None = None) -> AsyncIterator[LedgerMetadata]:
@@ -88,11 +88,10 @@ async def mark_committed(store, ledger_id: int) -> bool:
 async def _delete(md: LedgerMetadata, delete: Delete) -> bool:
     """Delete one job ledger; False when it is already gone or changed meanwhile (looked at again
     on the next pass)."""
-    from pybk.client.errors import NoSuchLedgerError as ClientNoSuchLedgerError
     try:
         await delete(md)
         return True
-    except (NoSuchLedgerError, ClientNoSuchLedgerError, VersionConflictError):
+    except (LookupError, VersionConflictError):  # the store's NoSuchLedgerError, or the client's
         return False
 
 

@@ -7,9 +7,8 @@ import sys
 import time
 from typing import Any
 
+from pybk.recovery import admin, decommission, plan
 from pybk.shell import Shell, ShellError, command, format_table
-
-from . import admin, decommission, plan
 
 
 class _Progress:

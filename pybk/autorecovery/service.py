@@ -13,16 +13,13 @@ import os
 import socket
 
 from pybk.log import metrics as log_metrics
+from pybk.recovery import decommission, metrics
+from pybk.recovery.auditor import ELECTION, Auditor
+from pybk.recovery.bookies import BookiePool
+from pybk.recovery.options import RecoveryOptions
+from pybk.recovery.worker import ReplicationWorker
 
-from . import decommission, metrics
-from .auditor import Auditor
-from .bookies import BookiePool
-from .options import RecoveryOptions
-from .worker import ReplicationWorker
-
-log = logging.getLogger(__name__)
-
-ELECTION = "auditor"
+log = logging.getLogger("pybk.recovery.service")  # the name logs and dashboards know
 
 
 class RecoveryStopped(RuntimeError):
@@ -113,9 +110,9 @@ class AutoRecovery:
         await run_as_auditor(self.metadata_uri, self.pool.security, self.name)
 
     async def _job_gc(self) -> None:
-        """Settle what write jobs left behind (`pybk.spark.gc.collect`, as `pybk shell gc-jobs`),
+        """Settle what write jobs left behind (`pybk.meta.job_gc.collect`, as `pybk shell gc-jobs`),
         every job_gc_interval seconds; only the auditor does, so two processes never race."""
-        from pybk.spark import gc
+        from pybk.meta import job_gc as gc
         if self.options.job_gc_interval <= 0:
             return
         while True:

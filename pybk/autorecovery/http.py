@@ -17,9 +17,9 @@ from aiohttp import web
 from pybk.meta.errors import BadMetadataError
 from pybk.meta.registry import check_bookie_id
 
-from . import admin, decommission
+from pybk.recovery import admin, decommission
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pybk.recovery.http")  # the name logs and dashboards know
 
 PREFIX = "/api/v1/autorecovery"
 

@@ -1,4 +1,4 @@
-"""The commit rules of write jobs (pybk.spark.commit): pure functions, no Spark, no cluster."""
+"""The commit rules of write jobs (pybk.meta.job_commit): pure functions, no Spark, no cluster."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 from pybk.entry import DigestType
 from pybk.meta.jobs import JobOutcome, JobRecord
 from pybk.meta.ledgers import Fragment, LedgerMetadata, Unchanged
-from pybk.spark import commit
-from pybk.spark.commit import GcAction, WriteState
+from pybk.meta import job_commit as commit
+from pybk.meta.job_commit import GcAction, WriteState
 
 PENDING = commit.pending_tags("job-1", 4)
 COMMITTED = JobRecord("job-1", JobOutcome.COMMITTED, frozenset({10, 11}))

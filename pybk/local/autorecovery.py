@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from pybk.local.process import ChildProcess, free_port
-from pybk.security.settings import ClientSecurity
 from pybk.security.web import admin_urlopen
 
+from .process import AdminHttp, ChildProcess, free_port
 
-class AutoRecoveryProcess(ChildProcess):
+
+class AutoRecoveryProcess(AdminHttp, ChildProcess):
     """`pybk autorecovery` with its admin HTTP on a free loopback port.
 
     Options become flags: AutoRecoveryProcess(log, uri, lost_bookie_delay=1, ledger_password="pw").
@@ -36,27 +34,10 @@ class AutoRecoveryProcess(ChildProcess):
                     argv += ["--" + k.replace("_", "-"), str(one)]
         super().__init__(self.recovery_name, argv, Path(log_path))
 
-    @property
-    def tls(self) -> bool:
-        """Whether its admin HTTP serves TLS (it was given tls_cert)."""
-        return bool(self.options.get("tls_cert"))
-
-    @property
-    def http_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
-
-    @property
-    def http_security(self) -> ClientSecurity:
-        """What its admin HTTP is called with: its own tls_* (verifying with its tls_ca) and token_file."""
-        return ClientSecurity.from_mapping(self.options)
-
     def http_json(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10.0):
         """(status, parsed JSON body) of an admin API call."""
-        try:
-            with admin_urlopen(self.http_url + path, self.http_security, method, body, timeout) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        status, raw = self.http_call(path, method, body, timeout)
+        return status, json.loads(raw or b"null")
 
     def is_ready(self) -> bool:
         with admin_urlopen(self.http_url + "/heartbeat", self.http_security, timeout=1.0) as resp:

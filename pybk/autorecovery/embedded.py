@@ -8,10 +8,10 @@ import logging
 from aiohttp import web
 
 from . import http
-from .options import RecoveryOptions
+from pybk.recovery.options import RecoveryOptions
 from .service import AutoRecovery
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pybk.recovery.embedded")  # the name logs and dashboards know
 
 
 class Embedded:
