@@ -7,8 +7,9 @@ Each round measures, on one cluster:
 - `100 B append_many`: the same records by `append_many` (lists of 10,000, 8 calls in flight);
 - `1 KiB pipelined` and, on the same cluster, the ledger write path at window 256 with 1 KiB
   entries (`pybk bench write`'s run): the ratio log records/s / ledger entries/s;
-- `end-to-end`: a tailing reader's delay from `append` to the record's arrival at --rate
-  records/s, beside the ledger path's window-1 add latency with records of the same size; then
+- `end-to-end`: a tailing reader's (in a process of its own) delay from `append` to the
+  record's arrival at --rate records/s, beside the ledger path's window-1 add latency with
+  records of the same size; then
   again tuned for latency (WriterOptions(linger=0), ClientOptions(explicit_lac_delay=0.001));
 - `takeover`: a writer process appending under load is killed with -9; a new writer opens and
   appends: time from `open_writer` being called to its first acknowledged append (--takeovers times);
@@ -129,38 +130,56 @@ async def many(w, n: int, size: int, chunk: int = 10_000, inflight: int = 8) -> 
     return perf() - t0, lat
 
 
-async def end_to_end(logs, name: str, n: int, rate: int, linger: float = 0.001) -> tuple[float, list[float]]:
-    """n records at `rate`/s; each one's delay from append_nowait to a tailing reader."""
+READER_CHILD = """
+import asyncio, json, sys, time
+from pybk import eventloop
+from pybk.client import BookKeeper
+from pybk.log import Logs
+async def main(uri, name, n):
+    async with await BookKeeper.connect(uri) as bk:
+        r = await Logs(bk).open_reader(name, start="latest")
+        print(json.dumps({"start": r.position}), flush=True)
+        arrivals = []
+        async for rec in r:
+            arrivals.append((rec.offset, time.perf_counter()))
+            if len(arrivals) == n:
+                break
+        await r.close()
+    print(json.dumps(arrivals), flush=True)
+eventloop.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def end_to_end(logs, uri: str, name: str, n: int, rate: int, linger: float = 0.001) -> tuple[float, list[float]]:
+    """n records at `rate`/s; each one's delay from append_nowait in this process to a tailing
+    reader in another (a consumer is rarely its producer's process; both read the same monotonic
+    clock, CLOCK_MONOTONIC)."""
     from pybk.log import WriterOptions
     perf = time.perf_counter
-    w = await logs.open_writer(name, password=PASSWORD, options=WriterOptions(linger=linger))
-    r = await logs.open_reader(name, start="latest")
-    base = w.next_offset
-    sent = [0.0] * n
-    lat = [0.0] * n
-    pad = os.urandom(RECORD)
-
-    async def consume() -> None:
-        got = 0
-        async for rec in r:
-            lat[rec.offset - base] = perf() - sent[rec.offset - base]
-            got += 1
-            if got == n:
-                return
-    task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.2)   # the reader is waiting at the head
-    t0 = perf()
-    for i in range(n):
-        delay = t0 + i / rate - perf()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent[i] = perf()
-        w.append_nowait(pad)
-    await asyncio.wait_for(task, 60 + n / rate)
-    seconds = perf() - t0
-    await r.close()
-    await w.close()
-    return seconds, lat
+    reader = subprocess.Popen([sys.executable, "-c", READER_CHILD, uri, name, str(n)], stdout=subprocess.PIPE)
+    try:
+        start = json.loads(await asyncio.wait_for(asyncio.to_thread(reader.stdout.readline), 60))["start"]
+        w = await logs.open_writer(name, password=PASSWORD, options=WriterOptions(linger=linger))
+        if w.next_offset != start:
+            raise RuntimeError(f"the reader starts at {start}, the writer at {w.next_offset}")
+        sent = [0.0] * n
+        pad = os.urandom(RECORD)
+        await asyncio.sleep(0.2)   # the reader is waiting at the head
+        t0 = perf()
+        for i in range(n):
+            delay = t0 + i / rate - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent[i] = perf()
+            w.append_nowait(pad)
+        await w.flush()
+        line = await asyncio.wait_for(asyncio.to_thread(reader.stdout.readline), 60 + n / rate)
+        seconds = perf() - t0
+        await w.close()
+    finally:
+        reader.kill()
+        reader.wait()
+    return seconds, [at - sent[offset - start] for offset, at in json.loads(line)]
 
 
 TAKEOVER_CHILD = """
@@ -256,6 +275,10 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
 
     from .write import bench_writes
     out = []
+    tag = os.urandom(4).hex()   # log names of their own, also on a cluster given by --metadata-uri
+
+    def named(what: str) -> str:
+        return f"bench-{what}-{tag}"
     async with await BookKeeper.connect(uri) as bk:
         logs = Logs(bk)
 
@@ -268,33 +291,34 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
                 cpu, bcpu = time.process_time() - cpu0, cpu_seconds(pids) - bcpu0
             return _row(label, n, size, seconds, lat, cpu, bcpu if pids else None)
 
-        out.append(await timed("log 100 B pipelined", "bench-pipelined", pipelined, args.records, RECORD))
-        out.append(await timed("log 100 B append_many", "bench-many", many, args.many_records, RECORD))
-        out.append(await timed("log 1 KiB pipelined", "bench-kib", pipelined, args.kib_records, KIB))
+        out.append(await timed("log 100 B pipelined", named("pipelined"), pipelined, args.records, RECORD))
+        out.append(await timed("log 100 B append_many", named("many"), many, args.many_records, RECORD))
+        out.append(await timed("log 1 KiB pipelined", named("kib"), pipelined, args.kib_records, KIB))
         ledger = argparse.Namespace(ensemble=3, write_quorum=3, ack_quorum=2, size=KIB, entries=args.kib_records,
                                     window1_entries=args.latency_records)
         out += await bench_writes(uri, pids, ledger, [256])
         ledger.size = RECORD
         out += await bench_writes(uri, pids, ledger, [1], label=" 100 B")
 
-        await logs.create("bench-e2e", password=PASSWORD)
-        seconds, lat = await end_to_end(logs, "bench-e2e", args.latency_records, args.rate)
+        await logs.create(named("e2e"), password=PASSWORD)
+        seconds, lat = await end_to_end(logs, uri, named("e2e"), args.latency_records, args.rate)
         out.append(summary(f"log end-to-end append -> tailing reader at {args.rate}/s", args.latency_records,
                            RECORD, seconds, lat))
         # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
         async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
             tlogs = Logs(tuned)
-            await tlogs.create("bench-e2e-tuned", password=PASSWORD)
-            seconds, lat = await end_to_end(tlogs, "bench-e2e-tuned", args.latency_records, args.rate, linger=0)
+            await tlogs.create(named("e2e-tuned"), password=PASSWORD)
+            seconds, lat = await end_to_end(tlogs, uri, named("e2e-tuned"), args.latency_records, args.rate,
+                                            linger=0)
         out.append(summary(f"log end-to-end at {args.rate}/s, linger 0, explicit LAC 1 ms", args.latency_records,
                            RECORD, seconds, lat))
 
-        await logs.create("bench-takeover", password=PASSWORD)
-        times = sorted(await takeovers(logs, uri, "bench-takeover", args.takeovers))
+        await logs.create(named("takeover"), password=PASSWORD)
+        times = sorted(await takeovers(logs, uri, named("takeover"), args.takeovers))
         out.append({"run": "log forced takeover: open_writer -> first ack", "takeovers": len(times),
                     "p50_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(times[-1] * 1000, 1)})
-        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, "bench-idle")})
-        written, opened, found = await open_many_segments(logs, "bench-segments", args.segments)
+        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, named("idle"))})
+        written, opened, found = await open_many_segments(logs, named("segments"), args.segments)
         out.append({"run": f"log open of {args.segments} segments", "segments": args.segments,
                     "open_writer_ms": round(opened * 1000, 1), "find_segment_ms": round(found * 1000, 1),
                     "etcd_write_s": round(written, 1)})

@@ -276,11 +276,13 @@ class LedgerHandle:
                 t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    def _fail(self, error: BKError) -> None:
-        """The handle can no longer write: fail every pending and future add with `error`."""
+    def _fail(self, error: BKError, quiet: bool = False) -> None:
+        """The handle can no longer write: fail every pending and future add with `error` (logged
+        as a warning, or with `quiet`, when no add is lost, at info level)."""
         if self._error is None:
             self._error = error
-            log.warning("ledger %d: %s", self.ledger_id, error, extra={"ledger_id": self.ledger_id})
+            log.log(logging.INFO if quiet else logging.WARNING, "ledger %d: %s", self.ledger_id, error,
+                    extra={"ledger_id": self.ledger_id})
         for p in self._live_pending():
             if not p.future.done():
                 p.future.set_exception(error)
@@ -424,7 +426,8 @@ class LedgerHandle:
         """Stop background work without touching metadata (the BookKeeper is closing)."""
         if not self.writable or self._closed:
             return
-        self._fail(LedgerClosedError(f"the client of ledger {self.ledger_id} was closed before the ledger"))
+        self._fail(LedgerClosedError(f"the client of ledger {self.ledger_id} was closed before the ledger"),
+                   quiet=not self._live_pending())
         for t in (self._watchdog, self._changing):
             if t is not None:
                 t.cancel()

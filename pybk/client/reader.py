@@ -162,17 +162,18 @@ async def read_entries(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fi
 
 
 async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, first: int,
-                      last: int) -> AsyncIterator[EntryChunk]:
+                      last: int, stream_min: int = STREAM_MIN) -> AsyncIterator[EntryChunk]:
     """Entries first..last in order, as chunks of consecutive verified entries. Whole-copy
     ensembles (E = Qw) stream ranges from one replica per CHUNK entries, the next chunk while
     this one is handed out (what a replica did not deliver, from the next replica), each answer
     of the bookie (its bodies in one buffer) becoming one chunk; striped ones stream every
-    bookie's share at once (_read_striped); short ranges are read entry by entry, a window at a
-    time."""
+    bookie's share at once (_read_striped); ranges shorter than `stream_min` are read entry by
+    entry, a window at a time (a tailing reader streams even a few entries: one call costs less
+    than one per entry)."""
     lid = md.ledger_id
     chunk_no = 0
     for a0, b0, ensemble in fragment_pieces(md.fragments, first, last):
-        if md.ensemble_size == md.write_quorum and b0 - a0 >= STREAM_MIN - 1:
+        if md.ensemble_size == md.write_quorum and b0 - a0 >= stream_min - 1:
             chunks = []
             for a in range(a0, b0 + 1, CHUNK):
                 chunks.append((a, min(b0, a + CHUNK - 1), (chunk_no + a) % len(ensemble)))
@@ -204,7 +205,7 @@ async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fir
             finally:
                 if ahead is not None and not ahead.done():
                     ahead.cancel()
-        elif b0 - a0 >= STREAM_MIN - 1:
+        elif b0 - a0 >= stream_min - 1:
             async for c in _grouped(lid, _read_striped(bk, md, password, a0, b0, ensemble)):
                 yield c
         else:

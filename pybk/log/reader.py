@@ -30,6 +30,7 @@ log = logging.getLogger("pybk.log")
 
 LONG_POLL = 10.0     # seconds one LAC long-poll waits at most (then the metadata is looked at again)
 POLL_RETRY = 0.5     # seconds before a long-poll no bookie answered is tried again
+TAIL_STREAM_MIN = 2  # entries read as one streamed range: a tail wakes to a few new entries at a time
 
 
 class SegmentView:
@@ -93,7 +94,8 @@ class SegmentView:
         eid = first
         for attempt in range(2):
             try:
-                async for chunk in ledger_reader.read_chunks(self.logs.bk, self.md, self.password, eid, last):
+                async for chunk in ledger_reader.read_chunks(self.logs.bk, self.md, self.password, eid, last,
+                                                             stream_min=TAIL_STREAM_MIN):
                     for body in chunk.payloads():
                         yield eid, body
                         eid += 1

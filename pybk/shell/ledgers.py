@@ -26,7 +26,7 @@ def _ledger_id(text: str) -> int:
     return value
 
 
-def _password(text: str) -> bytes:
+def password_arg(text: str) -> bytes:
     return text.encode("utf-8")
 
 
@@ -165,7 +165,7 @@ def _readledger_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--last", type=int, default=None, metavar="ENTRY",
                    help="last entry to read (default: the last entry of a closed ledger, "
                         "the last add confirmed of an open one)")
-    p.add_argument("--password", type=_password, default=b"", help="the ledger's password (default empty)")
+    p.add_argument("--password", type=password_arg, default=b"", help="the ledger's password (default empty)")
     p.add_argument("--preview", type=int, default=60, metavar="CHARS",
                    help="characters of each payload to show in text output (default %(default)s)")
 
@@ -208,7 +208,7 @@ def _simpletest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--entries", type=int, default=100, help="entries to write (default %(default)s)")
     p.add_argument("--size", type=int, default=100, help="payload bytes per entry (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the test ledger instead of deleting it")
-    p.add_argument("--password", type=_password, default=None,
+    p.add_argument("--password", type=password_arg, default=None,
                    help="password of the test ledger (default: a random one, shown only with --keep; a ledger "
                         "without a password would have a master key anyone can compute)")
 
@@ -278,7 +278,7 @@ def _sample_payload(i: int, size: int) -> bytes:
 def _delete_args(p: argparse.ArgumentParser) -> None:
     _id_arg(p)
     who = p.add_mutually_exclusive_group()
-    who.add_argument("--password", type=_password, default=None,
+    who.add_argument("--password", type=password_arg, default=None,
                      help="the ledger's password (visible in the process list: prefer --password-file)")
     who.add_argument("--password-file", metavar="FILE",
                      help="a file holding the ledger's password (a trailing newline is ignored)")
@@ -287,8 +287,9 @@ def _delete_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
-def _delete_password(args: argparse.Namespace) -> bytes | None:
-    """The password given to `delete` (None: none given)."""
+def password_from_args(args: argparse.Namespace) -> bytes | None:
+    """The password of --password-file or --password (None: none given); `delete` and the log
+    commands take them."""
     if args.password_file:
         try:
             return Path(args.password_file).read_bytes().rstrip(b"\r\n")
@@ -302,7 +303,7 @@ def _delete_password(args: argparse.Namespace) -> bytes | None:
 async def delete(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
     store = await sh.store()
     await _get_ledger(store, args.ledger_id)
-    password = _delete_password(args)
+    password = password_from_args(args)
     if password is None and not args.force:
         raise ShellError(f"deleting ledger {args.ledger_id} needs its password (--password-file or --password), "
                          f"or --force as an admin")

@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable
 
 from .core import Shell, ShellError, command
 from .format import bytes_json, ctime_text, format_table, human_bytes
-from .ledgers import _delete_password, _password
+from .ledgers import password_arg, password_from_args
 
 ACTIONS_HELP = """\
 actions:
@@ -89,7 +89,7 @@ def _time_ms(text: str) -> int:
 
 def _password_args(p: argparse.ArgumentParser, force: bool = False) -> None:
     who = p.add_mutually_exclusive_group()
-    who.add_argument("--password", type=_password, default=None,
+    who.add_argument("--password", type=password_arg, default=None,
                      help="the log's password (visible in the process list: prefer --password-file)")
     who.add_argument("--password-file", metavar="FILE",
                      help="a file holding the log's password (a trailing newline is ignored)")
@@ -152,7 +152,7 @@ def _log_args(p: argparse.ArgumentParser) -> None:
     _password_args(a)
     a.add_argument("--print-offsets", action="store_true",
                    help="print each record's offset, one per line in input order, as soon as it is acknowledged")
-    a.add_argument("--key", type=_password, default=None, help="the key of every record (default none)")
+    a.add_argument("--key", type=password_arg, default=None, help="the key of every record (default none)")
     a.add_argument("--linger", type=float, default=0.001, metavar="SECONDS",
                    help="send an entry this long after its first record (default 0.001)")
 
@@ -279,7 +279,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 
 def _needs_password(args: argparse.Namespace, what: str) -> bytes | None:
-    password = _delete_password(args)
+    password = password_from_args(args)
     if password is None and not getattr(args, "force", False):
         raise ShellError(f"{what} needs the log's password (--password-file or --password)"
                          + (", or --force as an admin" if hasattr(args, "force") else ""))
@@ -295,7 +295,7 @@ async def _create(logs: Any, args: argparse.Namespace) -> None:
     config = LogConfig(args.ensemble, args.write_quorum, args.ack_quorum,
                        DigestType.MAC if args.digest == "mac" else DigestType.CRC32C, rollover,
                        Retention(RetentionPolicy(args.retention), args.max_age, args.max_bytes, args.max_backlog_bytes))
-    ref = await logs.create(args.name, config, password=_delete_password(args))
+    ref = await logs.create(args.name, config, password=password_from_args(args))
     _emit(args, {"name": ref.name, "log_id": ref.log_id, "config": ref.config.to_json()},
           lambda d: f"created log {d['name']} (id {d['log_id']})")
 
@@ -306,7 +306,7 @@ async def _list(logs: Any, args: argparse.Namespace) -> None:
 
 
 async def _describe(logs: Any, args: argparse.Namespace) -> None:
-    d = description_json(await logs.describe(args.name, _delete_password(args)))
+    d = description_json(await logs.describe(args.name, password_from_args(args)))
     _emit(args, d, lambda d: render_description(d, args.segments))
 
 
@@ -399,7 +399,7 @@ async def _read(logs: Any, args: argparse.Namespace, follow: bool) -> None:
     start = args.start if args.start is not None else ("latest" if follow else "earliest")
     end = None if follow else args.to
     reader = await logs.open_reader(args.name, start=start, cursor=args.cursor, at_time=args.at_time, end=end,
-                                    password=_delete_password(args))
+                                    password=password_from_args(args))
     n = 0
     out = sys.stdout
     try:
@@ -429,7 +429,7 @@ async def _cursors(logs: Any, args: argparse.Namespace) -> None:
         if not await logs.delete_cursor(args.name, args.delete):
             raise ShellError(f"log {args.name!r} has no cursor {args.delete!r}")
     rows = [{"name": c.name, "offset": c.offset, "lag": c.lag}
-            for c in await logs.cursors(args.name, _delete_password(args))]
+            for c in await logs.cursors(args.name, password_from_args(args))]
     _emit(args, rows, lambda rs: format_table(["cursor", "offset", "lag"], [[r["name"], r["offset"], r["lag"]]
                                                                             for r in rs], empty="no cursors"))
 
@@ -440,7 +440,8 @@ async def _truncate(logs: Any, args: argparse.Namespace) -> None:
     before = await logs.start_offset(args.name)
     start = await logs.truncate(args.name, args.before, password=password, force=args.force)
     _emit(args, {"name": args.name, "start_offset": start, "deleted_records": start - before},
-          lambda d: f"log {d['name']} now starts at offset {d['start_offset']} ({d['deleted_records']} records deleted)")
+          lambda d: f"log {d['name']} now starts at offset {d['start_offset']} "
+                    f"({d['deleted_records']} records deleted)")
 
 
 async def _delete(logs: Any, args: argparse.Namespace) -> None:

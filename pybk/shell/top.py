@@ -282,7 +282,8 @@ def _top_args(p: argparse.ArgumentParser) -> None:
 
 @command("top", "live view of the cluster: bookies by state, add/read rates, fsync p99, write cache, "
          "disk, under-replicated ledgers, the busiest named logs (refreshes every --interval; reads each "
-         "bookie's /metrics, open by default, else with the shell's token, which then needs `reader`)", _top_args, stream=True)
+         "bookie's /metrics, open by default, else with the shell's token, which then needs `reader`)",
+         _top_args, stream=True)
 async def top(sh: Shell, args: argparse.Namespace) -> None:
     import aiohttp
 

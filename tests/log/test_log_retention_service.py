@@ -116,3 +116,25 @@ async def test_retention_reads_a_long_log_only_as_far_as_its_decision_needs(meta
         assert before == 700 * 100 and len(read) == 1000   # two pages of 500: the second holds the first kept
         before, read = await logs.retention_point(by_size, now)
         assert before == 1190 * 100 and len(read) == 1200   # keeping 10,000 bytes needs every segment's size
+
+
+async def test_a_pass_under_interest_never_deletes_at_or_above_the_lowest_cursor(cluster):
+    from pybk.log.retention_service import RetentionService
+    uri, _ = cluster
+    async with await BookKeeper.connect(uri) as bk:
+        logs = Logs(bk)
+        await logs.create("consumed", LogConfig(rollover=Rollover(max_records=10),
+                                                retention=Retention(RetentionPolicy.INTEREST)), password=PW)
+        async with await logs.open_writer("consumed", password=PW, options=WriterOptions(batch_bytes=100)) as w:
+            for i in range(6):
+                await w.append_many([b"r%d" % i] * 10)
+                await w.roll()
+        service = RetentionService(logs, "test")
+        assert (await service.run_pass()).deleted_segments == {}   # no cursor: nothing goes
+        await logs.commit("consumed", "slow", 25)
+        await logs.commit("consumed", "fast", 60)
+        report = await service.run_pass()
+        assert report.deleted_segments == {"consumed": 2} and report.errors == {}
+        assert await logs.start_offset("consumed") == 20           # the segment holding 25 stays whole
+        async with await logs.open_reader("consumed", cursor="slow", end="latest") as r:
+            assert [rec.offset for rec in [x async for x in r]] == list(range(25, 60))
