@@ -8,12 +8,13 @@ writers, keeps running while Spark works.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
 
 from pybk.client import BookKeeper
-from pybk.log import LogConfig, Logs, Rollover, WriterOptions
+from pybk.log import LogConfig, LogFencedError, Logs, Rollover, WriterOptions
 from pybk.spark.session import activate
 
 PW = b"log-pw"
@@ -110,3 +111,85 @@ async def test_batch_read_starts_at_a_time_and_reports_truncated_offsets(spark, 
     assert await in_thread(spark, rows, skipped) == expected("clicks", range(200, 300))
     with pytest.raises(Exception, match="log 'nope' does not exist"):
         await in_thread(spark, rows, read(spark, uri, "nope"))
+
+
+class Collector:
+    """foreachBatch sink keeping each batch's (log, offset, payload) rows by batch id (a replayed
+    batch replaces its first attempt)."""
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.batches: dict[int, list[tuple[str, int, bytes]]] = {}
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        got = [(r.log, r.offset, bytes(r.payload)) for r in batch_df.collect()]
+        with self.lock:
+            self.batches[batch_id] = got
+
+    def rows(self, log: str | None = None) -> list[tuple[str, int, bytes]]:
+        with self.lock:
+            out = [r for _, b in sorted(self.batches.items()) for r in b]
+        return [r for r in out if log is None or r[0] == log]
+
+    def offsets(self, log: str) -> list[int]:
+        return [o for _, o, _ in self.rows(log)]
+
+
+async def test_stream_resumes_with_no_duplicate_and_no_gap_across_failover_rolls_truncation_and_new_logs(
+        spark, cluster, tmp_path):
+    """Slow: three query runs of many 200 ms micro-batches, and the writes between them (about a minute)."""
+    from polling import eventually
+    uri, bk, logs = cluster
+    await fill(logs, "events.a", 50, roll_every=20)
+    sink = Collector()
+
+    def start(trigger: dict, **options):
+        r = (spark.readStream.format("pybk").option("metadataServiceUri", uri).option("log", "events\\..*")
+             .option("maxRecordsPerTrigger", "30").option("cursor", "spark-q"))
+        for k, v in options.items():
+            r = r.option(k, v)
+        return (r.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
+                .trigger(**trigger).start())
+
+    query = await in_thread(spark, start, {"processingTime": "200 milliseconds"})
+    try:
+        await eventually(lambda: len(sink.offsets("events.a")) >= 50, 120, 0.2, "the first 50 records")
+        # writer failover: a second writer fences the first mid-stream; a roll in between
+        w1 = await logs.open_writer("events.a", password=PW)
+        await asyncio.gather(*(w1.append_nowait(body("events.a", i), key=key(i)) for i in range(50, 80)))
+        await w1.roll()
+        async with await logs.open_writer("events.a", password=PW) as w2:
+            await asyncio.gather(*(w2.append_nowait(body("events.a", i), key=key(i)) for i in range(80, 110)))
+        with contextlib.suppress(LogFencedError):   # the fenced writer learns it when sealing its segment
+            await w1.close()
+        await fill(logs, "events.b", 12)          # a new log matching the pattern
+        await eventually(lambda: len(sink.offsets("events.a")) >= 110 and len(sink.offsets("events.b")) >= 12,
+                         120, 0.2, "records after the failover and of the new log")
+    finally:
+        await in_thread(spark, query.stop)
+    assert sink.rows("events.a") == [("events.a", i, body("events.a", i)) for i in range(110)]
+    assert max(len(b) for b in sink.batches.values()) <= 30
+    # Spark commits a batch's source offsets when it plans the next one: the cursor trails by at most a batch
+    cursor = {c.name: c.offset for c in await logs.cursors("events.a")}["spark-q"]
+    assert 110 - 30 <= cursor <= 110
+
+    # stopped: more records, and a truncation of records the query has read already
+    await fill(logs, "events.a", 40, start=110, roll_every=15)
+    await logs.truncate("events.a", 100, password=PW)
+    query = await in_thread(spark, start, {"availableNow": True})
+    await in_thread(spark, query.awaitTermination, 180)
+    assert sink.rows("events.a") == [("events.a", i, body("events.a", i)) for i in range(150)]
+    assert sink.rows("events.b") == [("events.b", i, body("events.b", i)) for i in range(12)]
+
+    # stopped again: records the query has not read are truncated away
+    await fill(logs, "events.a", 45, start=150, roll_every=15)
+    start_now = await logs.truncate("events.a", 180, password=PW)
+    assert 150 < start_now <= 180
+    query = await in_thread(spark, start, {"availableNow": True})
+    with pytest.raises(Exception, match=rf"log 'events.a': offset 150 was truncated away .* starts at offset "
+                                        rf"{start_now}"):
+        await in_thread(spark, query.awaitTermination, 180)
+    query = await in_thread(spark, lambda: start({"availableNow": True}, failOnDataLoss="false"))
+    await in_thread(spark, query.awaitTermination, 180)
+    assert sink.offsets("events.a") == list(range(150)) + list(range(start_now, 195))
