@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from .errors import cause_first
-from .logoptions import LogReadOptions, is_log_options
+from .logoptions import LogReadOptions, LogWriteOptions, is_log_options
 from .options import OptionError, ReadOptions, WriteOptions
 from .reader import LedgerBatchReader, LedgerStreamReader
 from .runtime import with_credentials
@@ -54,15 +54,28 @@ class LedgerDataSource(DataSource):
                                        "producer_id" in schema.fieldNames())
             return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
-    def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
+    def writer(self, schema: StructType, overwrite: bool):
         with cause_first():
+            if is_log_options(self.options):
+                from .logwriter import LogBatchWriter, log_columns
+                if overwrite:
+                    raise OptionError("pybk logs are append-only: use mode('append')")
+                return LogBatchWriter(with_credentials(LogWriteOptions.parse(self.options)), log_columns(schema))
             opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use mode('append')")
             return LedgerWriter(opts, payload_column(schema))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> "LedgerStreamWriter":
+    def streamWriter(self, schema: StructType, overwrite: bool):
         with cause_first():
+            if is_log_options(self.options):
+                from .logwriter import LogStreamWriter, log_columns
+                if overwrite:
+                    raise OptionError("pybk logs are append-only: use outputMode('append')")
+                if any(str(k).lower() == "jobid" for k in self.options):
+                    raise OptionError("option jobId is for batch writes: a stream's micro-batches are jobs "
+                                      "'<query id>.<batch id>'")
+                return LogStreamWriter(with_credentials(LogWriteOptions.parse(self.options)), log_columns(schema))
             opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use outputMode('append')")

@@ -193,3 +193,102 @@ async def test_stream_resumes_with_no_duplicate_and_no_gap_across_failover_rolls
     query = await in_thread(spark, lambda: start({"availableNow": True}, failOnDataLoss="false"))
     await in_thread(spark, query.awaitTermination, 180)
     assert sink.offsets("events.a") == list(range(150)) + list(range(start_now, 195))
+
+
+async def log_records(logs: Logs, name: str) -> list:
+    async with await logs.open_reader(name, end="latest") as r:
+        return [rec async for rec in r]
+
+
+async def staged_ledgers(bk) -> list[int]:
+    """Ledgers staged for a log by a write job (what a finished job leaves none of)."""
+    from pybk.spark.logwriter import LOG_KEY
+    return [md.ledger_id async for md in bk.store.ledgers.list_metadata() if LOG_KEY in md.custom]
+
+
+async def test_batch_write_appends_in_partition_order_once_and_a_failed_job_appends_nothing(spark, cluster):
+    """Slow: three write jobs and a read, each a Spark job with its own planning workers (about a minute
+    on a loaded 2-core machine)."""
+    from polling import eventually
+    uri, bk, logs = cluster
+    await logs.create("out", password=PW)
+    df = spark.range(0, 300, numPartitions=3).selectExpr(
+        "concat('row-', id) AS payload",
+        "CASE WHEN id % 3 = 0 THEN NULL ELSE cast(concat('k', id % 4) AS binary) END AS key",
+        "timestamp_millis(1700000000000 + id * 10) AS timestamp")
+
+    def write(frame, job: str | None = None):
+        w = frame.write.format("pybk").mode("append").option("metadataServiceUri", uri).option("log", "out") \
+            .option("password", PW.decode())
+        (w.option("jobId", job) if job else w).save()
+
+    await in_thread(spark, write, df, "first-job")
+    recs = await log_records(logs, "out")
+    assert [(r.offset, r.payload, r.key, r.timestamp) for r in recs] == [
+        (i, b"row-%d" % i, None if i % 3 == 0 else b"k%d" % (i % 4), 1700000000000 + i * 10) for i in range(300)]
+    with pytest.raises(Exception, match="job first-job was already committed"):
+        await in_thread(spark, write, df, "first-job")
+    # a task that fails after others staged their rows: the job appends nothing and leaves no ledger
+    from pyspark.sql import functions as F
+
+    @F.udf("string")
+    def boom(p: str) -> str:
+        if p == "row-250":
+            raise ValueError("a bad row")
+        return p
+    with pytest.raises(Exception, match="a bad row"):
+        await in_thread(spark, write, df.withColumn("payload", boom("payload")))
+    assert await logs.end_offset("out") == 300
+
+    async def none_staged():
+        return not await staged_ledgers(bk)
+    await eventually(none_staged, 30, 0.2, "no staged ledger left")
+
+
+async def test_stream_sink_appends_each_micro_batch_once_across_driver_kill_and_task_retries(cluster, tmp_path):
+    """Slow: two Spark drivers in child processes (each starts its own JVM), the first killed with -9."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from polling import eventually
+
+    from pybk.local.process import ChildProcess
+    from pybk.spark.logwriter import FAILPOINT_ENV
+    from pybk.spark.session import java_problem
+    if java_problem():
+        pytest.skip(java_problem())
+    uri, bk, logs = cluster
+    await fill(logs, "in", 400, roll_every=150)
+    await logs.create("out", password=PW)
+    marker = tmp_path / "failpoints"
+    argv = [sys.executable, str(Path(__file__).parent / "log_sink_child.py"), uri, "in", "out", PW.decode(),
+            str(tmp_path / "ckpt")]
+    env = {**os.environ, FAILPOINT_ENV: f"sink.task_first_attempt:{marker},sink.mid_append:{marker}"}
+    first = ChildProcess("sink-driver", argv, tmp_path / "first.log", env).start()
+    try:
+        def at_mid_append():
+            assert first.alive(), f"the driver exited:\n{first.log_tail()}"
+            return marker.exists() and "sink.mid_append" in marker.read_text()
+        await eventually(at_mid_append, 240, 0.2, "the first driver half-way through appending a micro-batch")
+        assert "sink.task_first_attempt" in marker.read_text()      # tasks failed once and were retried
+        partial = len(await log_records(logs, "out"))
+        assert 0 < partial < 400
+    finally:
+        first.kill()
+    second = ChildProcess("sink-driver", argv, tmp_path / "second.log",
+                          {k: v for k, v in os.environ.items() if k != FAILPOINT_ENV}).start()
+    try:
+        await eventually(lambda: "DONE" in Path(second.log_path).read_text(errors="replace") or
+                         (not second.alive() and pytest.fail(f"the driver failed:\n{second.log_tail()}")),
+                         300, 0.5, "the restarted driver to finish")
+    finally:
+        second.stop()
+    got = await log_records(logs, "out")
+    want = await log_records(logs, "in")
+    assert [(r.offset, r.key, r.payload, r.timestamp) for r in got] == [
+        (r.offset, r.key, r.payload, r.timestamp) for r in want]
+
+    async def none_staged():
+        return not await staged_ledgers(bk)
+    await eventually(none_staged, 30, 0.2, "no staged ledger left")
