@@ -88,9 +88,57 @@ def _split_keys(data: np.ndarray, klen: np.ndarray, plen: np.ndarray) -> tuple[n
     return data[~mask], data[mask]
 
 
+def decode_chunk(buf: bytes, bounds: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The records of the entries buf[bounds[i]:bounds[i + 1]], decoded together: per entry only
+    its header is unpacked and its record headers viewed (numpy, no copy); then one array per
+    column for all of them. Returns per record (its entry, its index in the segment, timestamp,
+    key length, payload length, where its bytes start in buf) and per entry (first index, where
+    its bytes end, producer, first sequence). CorruptEntryError for anything that is not a well-formed record entry, bounded by
+    the entries' sizes whatever their headers claim."""
+    n = len(bounds) - 1
+    heads, counts, firsts, data_starts, data_ends = [], np.empty(n, np.int64), np.empty(n, np.int64), \
+        np.empty(n, np.int64), np.empty(n, np.int64)
+    producers, sequences = np.empty(n, np.int64), np.empty(n, np.int64)
+    mv = memoryview(buf)
+    for e in range(n):
+        start, end = bounds[e], bounds[e + 1]
+        if end - start < codec.ENTRY_HEADER_SIZE:
+            raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
+        magic, version, _flags, count, first, _max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
+        if magic != codec.MAGIC or version != codec.VERSION or count == 0:
+            raise codec.CorruptEntryError(f"entry does not start with a record entry header (magic {magic!r} version "
+                                          f"{version}, {count} records)")
+        heads_end = start + codec.ENTRY_HEADER_SIZE + count * codec.RECORD_HEADER_SIZE
+        if heads_end > end:
+            raise codec.CorruptEntryError(f"record entry claims {count} records but its {end - start} bytes hold "
+                                          f"fewer record headers")
+        heads.append(mv[start + codec.ENTRY_HEADER_SIZE:heads_end])
+        counts[e], firsts[e], data_starts[e], data_ends[e] = count, first, heads_end, end
+        producers[e], sequences[e] = producer, first_seq
+    h = np.frombuffer(b"".join(heads), codec.RECORD_DTYPE)
+    klen = h["klen"].astype(np.int64)
+    plen = h["plen"].astype(np.int64)
+    if (klen < -1).any():
+        raise codec.CorruptEntryError("record entry has a negative key length other than -1 (no key)")
+    sizes = np.maximum(klen, 0) + plen
+    entry_of = np.repeat(np.arange(n), counts)
+    first_row = np.zeros(n, np.int64)
+    np.cumsum(counts[:-1], out=first_row[1:])
+    excl = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=excl[1:])
+    per_entry = np.add.reduceat(sizes, first_row)
+    if (per_entry != data_ends - data_starts).any():
+        bad = int(np.argmax(per_entry != data_ends - data_starts))
+        raise codec.CorruptEntryError(f"record entry's records claim {int(per_entry[bad])} bytes of keys and payloads "
+                                      f"but {int(data_ends[bad] - data_starts[bad])} follow their headers")
+    starts = excl + np.repeat(data_starts - excl[first_row], counts)
+    index = np.arange(len(sizes), dtype=np.int64) + np.repeat(firsts - first_row, counts)
+    return entry_of, index, h["ts"].astype(np.int64), klen, plen, starts, firsts, data_ends, producers, sequences
+
+
 class Columns:
-    """Builds the Arrow columns of many entries' records (per entry: numpy slices; per batch: one
-    concatenation per column)."""
+    """Builds the Arrow columns of the records of many entries (a few numpy operations per chunk of
+    entries, one concatenation per column per batch)."""
 
     def __init__(self, log: str, include_producer: bool):
         self.log = log.encode()
@@ -103,41 +151,48 @@ class Columns:
         self.ts: list[np.ndarray] = []
         self.klen: list[np.ndarray] = []
         self.plen: list[np.ndarray] = []
-        self.payloads: list[bytes | memoryview | np.ndarray] = []
-        self.keys: list[bytes | memoryview | np.ndarray] = []
+        self.payloads: list = []
+        self.keys: list = []
         self.producer: list[np.ndarray] = []
         self.sequence: list[np.ndarray] = []
         self.rows = 0
 
-    def add_entry(self, body: memoryview, seg_first: int, lo: int, hi: int) -> None:
-        """The records of one entry whose offsets are in [lo, hi)."""
-        b = codec.decode(body)
-        h = b.header
-        first = seg_first + h.first_index
-        a, z = max(0, lo - first), min(h.count, hi - first)
+    def add_chunk(self, buf: bytes, bounds: Sequence[int], seg_first: int, lo: int, hi: int) -> None:
+        """The records of the entries buf[bounds[i]:bounds[i + 1]] whose offsets are in [lo, hi)."""
+        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(buf, bounds)
+        offsets = index + seg_first
+        a = int(np.searchsorted(offsets, lo, side="left"))
+        z = int(np.searchsorted(offsets, hi, side="left"))
         if z <= a:
             return
-        klen = b.key_lengths[a:z]
-        plen = b.payload_lengths[a:z]
-        start = int(b.starts[a])
-        end = int(b.starts[z - 1]) + max(int(klen[-1]), 0) + int(plen[-1])
-        region = b.data[start:end]
+        kpos = np.maximum(klen, 0)
+        # each entry's records are back to back: one region of buf per entry holds its rows' keys
+        # and payloads (the first and last entry kept may be cut by lo and hi)
+        e0, e1 = int(entry_of[a]), int(entry_of[z - 1])
+        region_starts = starts[np.r_[a, np.searchsorted(entry_of, np.arange(e0 + 1, e1 + 1))]].tolist()
+        region_ends = data_ends[e0:e1 + 1].tolist()
+        region_ends[-1] = int(starts[z - 1] + kpos[z - 1] + plen[z - 1])
+        if a or z < len(offsets):
+            entry_of, index, offsets, ts, klen, kpos, plen = (
+                x[a:z] for x in (entry_of, index, offsets, ts, klen, kpos, plen))
+        mv = memoryview(buf)
+        regions = [mv[s:e] for s, e in zip(region_starts, region_ends)]
         if int(klen.max()) < 0:
-            self.payloads.append(region)
+            self.payloads += regions
         else:
-            k, p = _split_keys(np.frombuffer(region, np.uint8), np.maximum(klen, 0), plen)
+            k, p = _split_keys(np.frombuffer(b"".join(regions), np.uint8), kpos, plen)
             self.keys.append(k)
             self.payloads.append(p)
-        n = z - a
-        self.offsets.append(np.arange(first + a, first + z, dtype=np.int64))
-        self.ts.append(b.timestamps[a:z])
+        self.offsets.append(offsets)
+        self.ts.append(ts)
         self.klen.append(klen)
         self.plen.append(plen)
         if self.include_producer:
-            self.producer.append(np.full(n, h.producer_id, np.int64))
-            self.sequence.append(np.arange(h.first_sequence + a, h.first_sequence + z, dtype=np.int64)
-                                 if h.first_sequence != codec.NO_SEQUENCE else np.full(n, codec.NO_SEQUENCE, np.int64))
-        self.rows += n
+            self.producer.append(producers[entry_of])
+            first_seq = sequences[entry_of]
+            self.sequence.append(np.where(first_seq == codec.NO_SEQUENCE, first_seq,
+                                          first_seq + index - firsts[entry_of]))
+        self.rows += z - a
 
     def batch(self) -> pa.RecordBatch | None:
         """The records added since the last batch, as one Arrow record batch (None: no record)."""
@@ -150,14 +205,15 @@ class Columns:
         offsets[1:] = len(self.log)
         np.cumsum(offsets, out=offsets)
         logs = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(self.log * n)])
-        ts = pa.array(np.concatenate(self.ts) * 1000, TIMESTAMP)
+        ts = pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(np.concatenate(self.ts) * 1000)])
         valid = klen >= 0
         if self.keys:
             keys = _binary(np.maximum(klen, 0), b"".join(memoryview(k) for k in self.keys), valid)
         else:
             keys = pa.nulls(n, pa.binary())
         payload = _binary(plen, b"".join(self.payloads))
-        cols = [logs, pa.array(np.concatenate(self.offsets)), ts, keys, payload]
+        cols = [logs, pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.concatenate(self.offsets))]), ts,
+                keys, payload]
         if self.include_producer:
             producer = np.concatenate(self.producer)
             sequence = np.concatenate(self.sequence)
@@ -182,10 +238,7 @@ async def _read_log_batches(uri: str, security, part: LogPartition,
     async def fetch(first: int, last: int) -> pa.RecordBatch | None:
         cols = Columns(part.log, include_producer)
         async for chunk in ledger_reader.read_chunks(bk, md, part.password, first, last):
-            buf = memoryview(chunk.buffer)
-            offs = chunk.offsets
-            for i in range(len(offs) - 1):
-                cols.add_entry(buf[offs[i]:offs[i + 1]], part.seg_first, part.lo, part.hi)
+            cols.add_chunk(chunk.buffer, chunk.offsets, part.seg_first, part.lo, part.hi)
         return cols.batch()
 
     step = sub_range(part.entry_bytes)
