@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scan a named log of --record-size records (many per entry) instead of ledgers; "
                              "with --vs-parquet the 1 KiB-entry ledger ratio is measured too")
     parser.add_argument("--record-size", type=int, default=100, help="payload bytes per log record (default 100)")
+    parser.add_argument("--bytes-per-partition", default=None,
+                        help="with --log: the source's bytesPerPartition (default: the source's default)")
     parser.add_argument("--ledger-size", default="64MiB",
                         help="with --log --vs-parquet: bytes of 1 KiB entries for the ledger ratio (default 64MiB)")
     parser.add_argument("--metadata-service-uri", default=None,
@@ -128,8 +130,11 @@ async def _write_log(uri: str, args: argparse.Namespace, total: int) -> tuple[in
     return n, time.perf_counter() - started
 
 
-def _log_frame(spark, uri: str):
-    return spark.read.format("pybk").option("metadataServiceUri", uri).option("log", LOG_NAME).load()
+def _log_frame(spark, uri: str, args: argparse.Namespace):
+    r = spark.read.format("pybk").option("metadataServiceUri", uri).option("log", LOG_NAME)
+    if args.bytes_per_partition:
+        r = r.option("bytesPerPartition", str(_size(args.bytes_per_partition)))
+    return r.load()
 
 
 def _pybk_frame(spark, uri: str, ledgers: list[int], args: argparse.Namespace):
@@ -313,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
                          [p.pid for p in procs[1:] if p.pid])
         try:
             for what, w in written.items():
-                frame = _log_frame(spark, uri) if what == "log" else _pybk_frame(spark, uri, w[3], args)
+                frame = _log_frame(spark, uri, args) if what == "log" else _pybk_frame(spark, uri, w[3], args)
                 got = _compare(spark, frame, w[0], w[1], runs, meter, args, args.vs_parquet)
                 if isinstance(got, str):
                     print(f"pybk bench spark: {got}", file=sys.stderr)
