@@ -18,7 +18,7 @@ from pybk.security.settings import ClientSecurity
 from .options import (EARLIEST, LATEST, SECURITY_OPTIONS, OptionError, _check_known, _check_uri, _lower,
                       parse_bool, parse_int, parse_security)
 
-DEFAULT_BYTES_PER_PARTITION = 32 << 20   # measured: 3 partitions of 64 MiB on 2 cores leave one idle a third of the scan
+DEFAULT_BYTES_PER_PARTITION = 32 << 20   # small enough that a scan spreads evenly over a few cores (3 of 64 MiB on 2 cores idle one for a third)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _WORDS = {"earliest": EARLIEST, "latest": LATEST}
 
