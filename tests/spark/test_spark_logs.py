@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 
 import pytest
 
@@ -272,6 +273,8 @@ async def test_stream_sink_appends_each_micro_batch_once_across_driver_kill_and_
             return marker.exists() and "sink.mid_append" in marker.read_text()
         await eventually(at_mid_append, 240, 0.2, "the first driver half-way through appending a micro-batch")
         assert "sink.task_first_attempt" in marker.read_text()      # tasks failed once and were retried
+        # a generated job id is printed where the user running the driver sees it
+        assert re.search(r"^pybk write job [0-9a-f]{32} starting", first.log_path.read_text(), re.M)
         partial = len(await log_records(logs, "out"))
         assert 0 < partial < 400
     finally:
