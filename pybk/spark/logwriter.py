@@ -310,13 +310,14 @@ async def commit_job(opts: LogWriteOptions, job_id: str, staged: list[LogStaged]
         log.warning("pybk write job %s to log %r was already committed (a replay whose first run's Spark "
                     "commit was lost): appended nothing", job_id, opts.log)
         return Appended()
-    logs = Logs(bk)
-    writer = await logs.open_writer(opts.log, password=opts.password,
-                                    options=WriterOptions(producer_id=producer, name=f"spark job {job_id}"))
-    try:
-        done = await append_staged(writer, bk, opts.password, staged, base)
-    finally:
-        await writer.close()
+    done = Appended()
+    if any(s.records for s in staged):   # an empty job opens no writer (which would fence and roll the log)
+        writer = await Logs(bk).open_writer(opts.log, password=opts.password,
+                                            options=WriterOptions(producer_id=producer, name=f"spark job {job_id}"))
+        try:
+            done = await append_staged(writer, bk, opts.password, staged, base)
+        finally:
+            await writer.close()
     stored, _ = await decide(wopts, JobRecord(job_id, JobOutcome.COMMITTED, frozenset()),
                              [s.ledger_id for s in staged if s.ledger_id is not None])
     if stored.outcome is not JobOutcome.COMMITTED:
