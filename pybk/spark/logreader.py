@@ -288,8 +288,10 @@ class LogBatchReader(DataSourceReader):
 
 class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Follows the selected logs (and new ones matching a pattern) with offsets {log: next offset};
-    maxRecordsPerTrigger bounds each micro-batch; with option cursor, each committed batch's end
-    is committed to that durable cursor."""
+    maxRecordsPerTrigger bounds each micro-batch. With option cursor, what the query has processed
+    is committed to that durable cursor: at `commit(end)`, and at `latestOffset(start)`, whose start
+    is the end of a batch Spark has finished (Spark commits a batch's source offsets only when it
+    plans the next batch, so the last batch of an AvailableNow run would otherwise never be)."""
 
     def __init__(self, opts: LogReadOptions, producer: bool):
         self.opts = opts
@@ -297,6 +299,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner = LogPlanner(opts)
         self._target: dict[str, int] | None = None
         self._states: dict[str, LogState] = {}
+        self._committed: dict[str, int] = {}
 
     async def _discover(self) -> dict[str, int]:
         """Per log, the end offset now (capped by endingOffsets and an AvailableNow target)."""
@@ -325,6 +328,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return run(self._latest(start, limit))
 
     async def _latest(self, start: dict | None, limit: Any) -> dict:
+        start_given = start is not None
         if start is None:
             start = await self._initial()
             max_records = self.opts.max_records_per_trigger
@@ -344,6 +348,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.warning("pybk: log %r was deleted while the query read it; dropped (failOnDataLoss=false)", name)
                 continue
             begin[name] = self.planner.checked_start(st, int(n))
+        if self.opts.cursor is not None and start_given:
+            await self._commit_cursor(begin)
         for name, st in self._states.items():
             begin.setdefault(name, st.start)   # a log found while running: all of it is new
         end = offs.admit(begin, {n: max(e, begin.get(n, 0)) for n, e in available.items()}, max_records)
@@ -377,10 +383,15 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             run(self._commit_cursor(end))
 
     async def _commit_cursor(self, end: dict) -> None:
+        """Move the cursor to `end` (every record below it was processed), each log's only when
+        it moved since the last commit."""
         from pybk.log import CursorError, LogNotFoundError
         logs = await self.planner.logs()
         for name, offset in sorted(end.items()):
+            if self._committed.get(name) == int(offset):
+                continue
             try:
                 await logs.commit(name, self.opts.cursor, int(offset))
             except (CursorError, LogNotFoundError) as exc:
                 log.warning("pybk: cursor %r of log %r not moved to %d: %s", self.opts.cursor, name, offset, exc)
+            self._committed[name] = int(offset)

@@ -167,13 +167,14 @@ async def test_stream_resumes_with_no_duplicate_and_no_gap_across_failover_rolls
         await fill(logs, "events.b", 12)          # a new log matching the pattern
         await eventually(lambda: len(sink.offsets("events.a")) >= 110 and len(sink.offsets("events.b")) >= 12,
                          120, 0.2, "records after the failover and of the new log")
+
+        async def cursor_at_end():   # committed when the next trigger finds the finished batch's end
+            return {c.name: c.offset for c in await logs.cursors("events.a")} == {"spark-q": 110}
+        await eventually(cursor_at_end, 60, 0.2, "the durable cursor at the end of what the query processed")
     finally:
         await in_thread(spark, query.stop)
     assert sink.rows("events.a") == [("events.a", i, body("events.a", i)) for i in range(110)]
     assert max(len(b) for b in sink.batches.values()) <= 30
-    # Spark commits a batch's source offsets when it plans the next one: the cursor trails by at most a batch
-    cursor = {c.name: c.offset for c in await logs.cursors("events.a")}["spark-q"]
-    assert 110 - 30 <= cursor <= 110
 
     # stopped: more records, and a truncation of records the query has read already
     await fill(logs, "events.a", 40, start=110, roll_every=15)
@@ -194,6 +195,20 @@ async def test_stream_resumes_with_no_duplicate_and_no_gap_across_failover_rolls
     query = await in_thread(spark, lambda: start({"availableNow": True}, failOnDataLoss="false"))
     await in_thread(spark, query.awaitTermination, 180)
     assert sink.offsets("events.a") == list(range(150)) + list(range(start_now, 195))
+
+    # a new query (no checkpoint) with the cursor starts where the cursor is
+    assert {c.name: c.offset for c in await logs.cursors("events.a")} == {"spark-q": 195}
+    await fill(logs, "events.a", 5, start=195)
+    cursor = 195
+    fresh = Collector()
+
+    def from_cursor():
+        return (spark.readStream.format("pybk").option("metadataServiceUri", uri).option("log", "events.a")
+                .option("cursor", "spark-q").load().writeStream.foreachBatch(fresh)
+                .option("checkpointLocation", str(tmp_path / "ckpt2")).trigger(availableNow=True).start())
+    query = await in_thread(spark, from_cursor)
+    await in_thread(spark, query.awaitTermination, 180)
+    assert fresh.offsets("events.a") == list(range(cursor, 200))
 
 
 async def log_records(logs: Logs, name: str) -> list:
