@@ -38,7 +38,7 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir "$(ls /wheels/pybk-*.whl)[spark,uvloop]" && rm -rf /wheels \
     && groupadd --gid 10001 pybk && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin pybk \
     && mkdir -p /opt/spark/work-dir /opt/pybk/spark && chown 10001:10001 /opt/spark/work-dir
-COPY spark/ledger_stats.py spark/export_parquet.py /opt/pybk/spark/
+COPY spark/ledger_stats.py spark/export_parquet.py spark/log_counts.py /opt/pybk/spark/
 COPY spark_image/entrypoint.sh /usr/local/bin/spark-entrypoint
 WORKDIR /opt/spark/work-dir
 USER 10001:10001

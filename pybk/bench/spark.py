@@ -10,6 +10,11 @@ after one untimed scan of each (the JVM compiles the scan's code during the firs
 prints both medians and the ratio pybk / Parquet, which holds up on a noisy shared machine
 where absolute MB/s do not. Every entry has its own random payload, so Parquet can neither
 dictionary-encode nor compress the copy.
+
+With --log, the data is a named log of --record-size records (100 bytes: many records per entry)
+instead, scanned with option log (columns log, offset, timestamp, key, payload); the 1 KiB-entry
+ledger comparison (--ledger-size) runs after it in the same session, so both ratios are printed
+side by side, with records (rows) per second.
 """
 from __future__ import annotations
 
@@ -56,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregate", choices=("sum-length", "count"), default="sum-length",
                         help="what each scan computes: count and sum(length(payload)) (default), or count "
                              "only (Spark may then skip the payload column)")
+    parser.add_argument("--log", action="store_true",
+                        help="scan a named log of --record-size records (many per entry) instead of ledgers; "
+                             "with --vs-parquet the 1 KiB-entry ledger ratio is measured too")
+    parser.add_argument("--record-size", type=int, default=100, help="payload bytes per log record (default 100)")
+    parser.add_argument("--bytes-per-partition", default=None,
+                        help="with --log: the source's bytesPerPartition (default: the source's default)")
+    parser.add_argument("--ledger-size", default="64MiB",
+                        help="with --log --vs-parquet: bytes of 1 KiB entries for the ledger ratio (default 64MiB)")
     parser.add_argument("--metadata-service-uri", default=None,
                         help="use this running cluster instead of starting one")
     parser.add_argument("--dir", default=None, help="data directory for the started cluster (default: temp)")
@@ -88,6 +101,40 @@ async def _write(uri: str, args: argparse.Namespace, total: int) -> tuple[list[i
     finally:
         await bk.close()
     return ids, time.perf_counter() - started
+
+
+LOG_NAME = "bench-spark"
+
+
+async def _write_log(uri: str, args: argparse.Namespace, total: int) -> tuple[int, float]:
+    """A log of total // record_size random records (append_many: packed entries); returns the
+    record count and the seconds it took."""
+    from pybk.client import BookKeeper
+    from pybk.log import LogConfig, Logs
+    n = max(1, total // args.record_size)
+    bk = await BookKeeper.connect(uri)
+    started = time.perf_counter()
+    try:
+        logs = Logs(bk)
+        if LOG_NAME in await logs.list():
+            await logs.delete(LOG_NAME, password=PASSWORD)
+        await logs.create(LOG_NAME, LogConfig(ensemble=args.ensemble, write_quorum=args.write_quorum,
+                                              ack_quorum=args.ack_quorum), password=PASSWORD)
+        async with await logs.open_writer(LOG_NAME, password=PASSWORD) as w:
+            step = 50_000
+            for i in range(0, n, step):
+                blob = os.urandom(args.record_size * min(step, n - i))
+                await w.append_many([blob[k:k + args.record_size] for k in range(0, len(blob), args.record_size)])
+    finally:
+        await bk.close()
+    return n, time.perf_counter() - started
+
+
+def _log_frame(spark, uri: str, args: argparse.Namespace):
+    r = spark.read.format("pybk").option("metadataServiceUri", uri).option("log", LOG_NAME)
+    if args.bytes_per_partition:
+        r = r.option("bytesPerPartition", str(_size(args.bytes_per_partition)))
+    return r.load()
 
 
 def _pybk_frame(spark, uri: str, ledgers: list[int], args: argparse.Namespace):
@@ -167,6 +214,67 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
+def _compare(spark, pybk_frame, rows: int, nbytes: int, runs: int, meter: CpuMeter, args: argparse.Namespace,
+             vs_parquet: bool) -> dict | str:
+    """Time `runs` scans of pybk_frame (alternating with a Parquet copy of it when vs_parquet,
+    after one untimed scan of each); the figures, or an error saying what a scan saw wrongly."""
+    import shutil
+    frames = {"pybk": pybk_frame}
+    pq_dir = None
+    if vs_parquet:
+        pq_dir = tempfile.mkdtemp(prefix="pybk-bench-parquet-")
+        pybk_frame.write.mode("overwrite").parquet(pq_dir + "/copy")
+        frames["parquet"] = spark.read.parquet(pq_dir + "/copy")
+    scans: dict[str, list[float]] = {name: [] for name in frames}
+    cpus: dict[str, list[dict[str, float]]] = {name: [] for name in frames}
+    try:
+        for df in frames.values():  # untimed: Spark's JIT and the page cache warm up for both alike
+            _scan(df, args)
+        for _ in range(runs):
+            for name, df in frames.items():
+                before = meter.sample()
+                n, got, secs = _scan(df, args)
+                after = meter.sample()
+                cpus[name].append({k: (after[k] - before[k]) / rows * 1e6 for k in after})
+                if n != rows or got not in (None, nbytes):
+                    return f"the {name} scan saw {n} rows and {got} bytes, expected {rows} and {nbytes}"
+                scans[name].append(secs)
+    finally:
+        if pq_dir:
+            shutil.rmtree(pq_dir, ignore_errors=True)
+    best = min(scans["pybk"])
+    out = {"rows": rows, "bytes": nbytes, "scan_seconds": [round(x, 2) for x in scans["pybk"]],
+           "scan_MBps": round(nbytes / best / 1e6, 1), "scan_rows_per_s": round(rows / best),
+           "cpu_us_per_row": {name: {k: round(_median([c[k] for c in cs]), 2) for k in cs[0]}
+                              for name, cs in cpus.items()}}
+    if vs_parquet:
+        pybk_med, pq_med = _median(scans["pybk"]), _median(scans["parquet"])
+        out.update({
+            "scan_median_MBps": round(nbytes / pybk_med / 1e6, 1),
+            "scan_median_rows_per_s": round(rows / pybk_med),
+            "parquet_seconds": [round(x, 2) for x in scans["parquet"]],
+            "parquet_median_MBps": round(nbytes / pq_med / 1e6, 1),
+            "parquet_median_rows_per_s": round(rows / pq_med),
+            "ratio": round(pq_med / pybk_med, 3),
+            "run_ratios": [round(q / p, 3) for p, q in zip(scans["pybk"], scans["parquet"])],
+        })
+    return out
+
+
+def _print(label: str, result: dict, args: argparse.Namespace) -> None:
+    print(f"{label} scan ({args.master}, {args.aggregate}): runs "
+          f"{', '.join(f'{x:.1f} s' for x in result['scan_seconds'])}; best {result['scan_MBps']} MB/s, "
+          f"{result['scan_rows_per_s']} rows/s")
+    for name, parts in result["cpu_us_per_row"].items():
+        print(f"  CPU {name + ':':9} " + ", ".join(f"{k} {v} us" for k, v in parts.items()) + " per row (medians)")
+    if "ratio" in result:
+        print(f"  parquet: runs {', '.join(f'{x:.1f} s' for x in result['parquet_seconds'])}; median "
+              f"{result['parquet_median_MBps']} MB/s, {result['parquet_median_rows_per_s']} rows/s")
+        print(f"  pybk/parquet: {result['ratio']} (medians: pybk {result['scan_median_rows_per_s']} rows/s "
+              f"{result['scan_median_MBps']} MB/s, Parquet {result['parquet_median_rows_per_s']} rows/s; per run "
+              f"{', '.join(map(str, result['run_ratios']))})")
+
+
 def run(args: argparse.Namespace) -> int:
     from pybk.spark.session import JavaMissingError, local_session
     total = _size(args.size or ("256MiB" if args.vs_parquet else "1GiB"))
@@ -191,82 +299,54 @@ def run(args: argparse.Namespace) -> int:
                 b.start(wait=False)
             for b in started:
                 b.wait_ready(b.is_ready, 120)
-        ledgers, write_s = eventloop.run(_write(uri, args, total))
-        written = (total // args.entry_size) * args.entry_size
-        entries = written // args.entry_size
+        parts: list[tuple[str, dict]] = []   # (what was written, figures source)
+        written: dict[str, tuple] = {}
+        if args.log:
+            records, write_s = eventloop.run(_write_log(uri, args, total))
+            written["log"] = (records, records * args.record_size, write_s)
+        if not args.log or args.vs_parquet:
+            ledger_total = _size(args.ledger_size) if args.log else total
+            ledgers, write_s = eventloop.run(_write(uri, args, ledger_total))
+            entries = ledger_total // args.entry_size
+            written["ledgers"] = (entries, entries * args.entry_size, write_s, ledgers)
         try:
             spark = local_session(args.master, "pybk-bench-spark")
         except JavaMissingError as exc:
             print(f"pybk bench spark: {exc}", file=sys.stderr)
             return 2
-        frames = {"pybk": _pybk_frame(spark, uri, ledgers, args)}
-        if args.vs_parquet:
-            pq_dir = tempfile.mkdtemp(prefix="pybk-bench-parquet-")
-            frames["pybk"].write.mode("overwrite").parquet(pq_dir + "/copy")
-            frames["parquet"] = spark.read.parquet(pq_dir + "/copy")
-        scans: dict[str, list[float]] = {name: [] for name in frames}
-        cpus: dict[str, list[dict[str, float]]] = {name: [] for name in frames}
         meter = CpuMeter(int(spark._jvm.java.lang.ProcessHandle.current().pid()),
                          [p.pid for p in procs[1:] if p.pid])
         try:
-            for df in frames.values():  # untimed: Spark's JIT and the page cache warm up for both alike
-                _scan(df, args)
-            for _ in range(runs):
-                for name, df in frames.items():
-                    before = meter.sample()
-                    n, nbytes, secs = _scan(df, args)
-                    after = meter.sample()
-                    cpus[name].append({k: (after[k] - before[k]) / entries * 1e6 for k in after})
-                    if n != entries or nbytes not in (None, written):
-                        print(f"pybk bench spark: the {name} scan saw {n} rows and {nbytes} bytes, expected "
-                              f"{entries} and {written}", file=sys.stderr)
-                        return 1
-                    scans[name].append(secs)
+            for what, w in written.items():
+                frame = _log_frame(spark, uri, args) if what == "log" else _pybk_frame(spark, uri, w[3], args)
+                got = _compare(spark, frame, w[0], w[1], runs, meter, args, args.vs_parquet)
+                if isinstance(got, str):
+                    print(f"pybk bench spark: {got}", file=sys.stderr)
+                    return 1
+                got.update({"write_seconds": round(w[2], 2), "write_MBps": round(w[1] / w[2] / 1e6, 1)})
+                parts.append((what, got))
         finally:
             spark.stop()
-            if args.vs_parquet:
-                import shutil
-                shutil.rmtree(pq_dir, ignore_errors=True)
-        best = min(scans["pybk"])
-        result = {
-            "command": command, "bytes": written, "entries": entries,
-            "entry_size": args.entry_size, "ledgers": len(ledgers), "master": args.master,
-            "aggregate": args.aggregate,
-            "write_seconds": round(write_s, 2), "write_MBps": round(written / write_s / 1e6, 1),
-            "scan_seconds": [round(s, 2) for s in scans["pybk"]],
-            "scan_MBps": round(written / best / 1e6, 1),
-            "scan_entries_per_s": round(entries / best),
-            "cpu_us_per_entry": {name: {k: round(_median([c[k] for c in cs]), 2) for k in cs[0]}
-                                 for name, cs in cpus.items()},
-        }
-        if args.vs_parquet:
-            pybk_med, pq_med = _median(scans["pybk"]), _median(scans["parquet"])
-            result.update({
-                "scan_median_MBps": round(written / pybk_med / 1e6, 1),
-                "parquet_seconds": [round(s, 2) for s in scans["parquet"]],
-                "parquet_median_MBps": round(written / pq_med / 1e6, 1),
-                "ratio": round(pq_med / pybk_med, 3),
-                "run_ratios": [round(q / p, 3) for p, q in zip(scans["pybk"], scans["parquet"])],
-            })
+        result = {"command": command, "master": args.master, "aggregate": args.aggregate,
+                  "load_average": [round(x, 2) for x in os.getloadavg()]}
+        for what, got in parts:
+            result[what] = got
         if args.output == "json":
             print(json.dumps(result))
-        else:
-            print(f"command:      {command}")
-            print(f"data:         {written / (1 << 20):.0f} MiB in {entries} entries of "
-                  f"{args.entry_size} B over {len(ledgers)} ledgers (E{args.ensemble}/Qw{args.write_quorum}"
-                  f"/Qa{args.ack_quorum}, {args.bookies} bookies)")
-            print(f"write:        {write_s:.1f} s  ({result['write_MBps']} MB/s, client, not Spark)")
-            print(f"scan ({args.master}, {args.aggregate}): runs {', '.join(f'{s:.1f} s' for s in scans['pybk'])}; "
-                  f"best {result['scan_MBps']} MB/s, {result['scan_entries_per_s']} entries/s")
-            for name, parts in result["cpu_us_per_entry"].items():
-                print(f"CPU {name + ':':9} " + ", ".join(f"{k} {v} us" for k, v in parts.items())
-                      + " per entry (medians)")
-            if args.vs_parquet:
-                print(f"parquet:      runs {', '.join(f'{s:.1f} s' for s in scans['parquet'])}; "
-                      f"median {result['parquet_median_MBps']} MB/s")
-                print(f"pybk/parquet: {result['ratio']} (medians: pybk {result['scan_median_MBps']} MB/s, "
-                      f"Parquet {result['parquet_median_MBps']} MB/s; per run "
-                      f"{', '.join(map(str, result['run_ratios']))})")
+            return 0
+        print(f"command:      {command}")
+        print(f"load average: {', '.join(map(str, result['load_average']))} (at the end)")
+        for what, got in parts:
+            if what == "log":
+                print(f"data:         log of {got['rows']} records of {args.record_size} B "
+                      f"({got['bytes'] / (1 << 20):.0f} MiB of payload; E{args.ensemble}/Qw{args.write_quorum}"
+                      f"/Qa{args.ack_quorum}, {args.bookies} bookies); written in {got['write_seconds']} s")
+                _print("log", got, args)
+            else:
+                print(f"data:         {got['bytes'] / (1 << 20):.0f} MiB in {got['rows']} entries of "
+                      f"{args.entry_size} B over {args.ledgers} ledgers (E{args.ensemble}/Qw{args.write_quorum}"
+                      f"/Qa{args.ack_quorum}); written in {got['write_seconds']} s")
+                _print("ledger", got, args)
         return 0
     finally:
         for p in reversed(procs):

@@ -96,10 +96,19 @@ def _render_ledgers(rows: list[dict[str, Any]], args: Any = None) -> str:
                               "yes" if r["job"]["visible"] else "no", r["state"], last_text(r["last_entry_id"]),
                               r["length"], ctime_text(r["ctime_ms"])] for r in rows],
                             empty=f"no ledgers of job {args.job}")
-    return format_table(["ledger", "state", "E/Qw/Qa", "last entry", "length", "fragments", "created"],
+    return format_table(["ledger", "state", "E/Qw/Qa", "last entry", "length", "fragments", "created", "write job"],
                         [[r["ledger_id"], r["state"], f"{r['ensemble_size']}/{r['write_quorum']}/{r['ack_quorum']}",
-                          last_text(r["last_entry_id"]), r["length"], len(r["fragments"]), ctime_text(r["ctime_ms"])]
-                         for r in rows], empty="no ledgers")
+                          last_text(r["last_entry_id"]), r["length"], len(r["fragments"]), ctime_text(r["ctime_ms"]),
+                          _job_text(r.get("job"))] for r in rows], empty="no ledgers")
+
+
+def _job_text(job: dict[str, Any] | None) -> str:
+    """A job ledger's write job in one cell: its id, partition, own state and, while pending, the
+    job's outcome (a crashed job's ledgers stay pending and undecided until gc-jobs settles them)."""
+    if job is None:
+        return "-"
+    text = f"{job['id']} p{job['partition']} {job['state']}"
+    return text + (f" ({job['outcome']})" if job["state"] == "pending" else "")
 
 
 def _listledgers_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +134,25 @@ async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
     return rows
 
 
+async def _job_part(store: Any, md: Any, outcomes: dict[str, str]) -> dict[str, Any]:
+    """{"job": ...} for a ledger a write job created (its id, partition, own state and the job's
+    outcome, each job's record read once), else {}."""
+    from pybk.spark import commit
+    job = commit.job_of(md.custom or {})
+    if job is None:
+        return {}
+    if job not in outcomes:
+        from pybk.meta.errors import BadMetadataError
+        try:
+            record = await store.jobs.get(job)
+            outcomes[job] = record.outcome.value if record is not None else "undecided"
+        except BadMetadataError:   # not a job id a write job gives: someone else's custom metadata
+            outcomes[job] = "unknown"
+    state = commit.state_of(md.custom)
+    return {"job": {"id": job, "partition": commit.partition_of(md.custom), "outcome": outcomes[job],
+                    "state": state.value if state is not None else "unmarked"}}
+
+
 @command("listledgers", "list ledgers with their state and size", _listledgers_args, _render_ledgers)
 async def listledgers(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any]]:
     store = await sh.store()
@@ -133,7 +161,11 @@ async def listledgers(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any
         return await _job_ledgers(store, args.job)
     if args.ids_only:
         return [{"ledger_id": lid} async for lid in store.ledgers.list()]
-    return [ledger_json(md) async for md in store.ledgers.list_metadata()]
+    outcomes: dict[str, str] = {}
+    rows = []
+    async for md in store.ledgers.list_metadata():
+        rows.append({**ledger_json(md), **await _job_part(store, md, outcomes)})
+    return rows
 
 
 # -- ledgermetadata ---------------------------------------------------------------------------

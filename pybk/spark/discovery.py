@@ -40,8 +40,17 @@ def admitted(opts: ReadOptions, md: Any) -> bool:
     return opts.ledgers.matches(md.custom or {})
 
 
+LIST_ABOVE = 256   # named ledgers beyond which one listing of their range is cheaper than a read each
+
+
 async def _named_metadata(bk: Any, ids: list[int]) -> tuple[list[Any], list[int]]:
-    """Metadata of these ledgers, and the ids that do not exist."""
+    """Metadata of these ledgers, and the ids that do not exist. Many ids (a range such as
+    1-100000) are listed over their key range instead of read one by one."""
+    if len(ids) > LIST_ABOVE:
+        wanted = set(ids)
+        listed = {md.ledger_id: md async for md in bk.store.ledgers.list_metadata(min(ids), max(ids) + 1)
+                  if md.ledger_id in wanted}
+        return [listed[i] for i in ids if i in listed], [i for i in ids if i not in listed]
     gate = asyncio.Semaphore(PLAN_CONCURRENCY)
 
     async def one(lid: int) -> Any:
@@ -104,6 +113,18 @@ async def hide_pending(bk: Any, mds: list[Any], named: bool) -> list[Any]:
     return out
 
 
+MISSING_SHOWN = 10
+
+
+def missing_message(missing: list[int], uri: str) -> str:
+    """The error of named ledgers that do not exist: how many, and the first few (a range over
+    sparse ids may miss hundreds of thousands)."""
+    shown = ", ".join(map(str, missing[:MISSING_SHOWN]))
+    more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+    return (f"option ledgers: {len(missing)} unknown ledger(s) in {uri}: {shown}{more} (ledgers named by id or "
+            "closed range must all exist; an open range such as '10-' or 'all' reads only those that do)")
+
+
 def unauthorized_error(ids: list[int]) -> PybkSparkError:
     """The error of ledgers no given password opens (onUnauthorized=fail)."""
     shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
@@ -120,8 +141,7 @@ async def discover(opts: ReadOptions, bounds: Bounds, strict: bool) -> Discovere
     bk = await client(opts.metadata_uri, opts.security)
     mds, missing, named = await _candidates(bk, opts, bounds)
     if strict and named and missing:
-        raise OptionError(f"option ledgers: unknown ledger(s) {', '.join(map(str, missing))} "
-                          f"in {opts.metadata_uri}")
+        raise OptionError(missing_message(missing, opts.metadata_uri))
     mds = await hide_pending(bk, mds, named)
     out = Discovered()
     usable = []

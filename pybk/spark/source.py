@@ -13,6 +13,7 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from .errors import cause_first
+from .logoptions import LogReadOptions, LogWriteOptions, is_log_options
 from .options import OptionError, ReadOptions, WriteOptions
 from .reader import LedgerBatchReader, LedgerStreamReader
 from .runtime import with_credentials
@@ -22,7 +23,8 @@ from .writer import LedgerWriter, payload_column
 
 
 class LedgerDataSource(DataSource):
-    """format('pybk'): ledgers as rows (ledger_id, entry_id, payload[, ledger_metadata])."""
+    """format('pybk'): ledgers as rows (ledger_id, entry_id, payload[, ledger_metadata]), or with
+    option log, named logs as rows (log, offset, timestamp, key, payload[, producer_id, sequence])."""
 
     @classmethod
     def name(cls) -> str:
@@ -30,25 +32,50 @@ class LedgerDataSource(DataSource):
 
     def schema(self) -> str:
         with cause_first():
+            if is_log_options(self.options):
+                from .logreader import include_producer
+                from .logscan import log_schema
+                return log_schema(include_producer(with_credentials(LogReadOptions.parse(self.options))))
             return spark_schema(ReadOptions.parse(self.options).include_metadata)
 
-    def reader(self, schema: StructType) -> "LedgerBatchReader":
+    def reader(self, schema: StructType):
         with cause_first():
+            if is_log_options(self.options):
+                from .logreader import LogBatchReader
+                return LogBatchReader(with_credentials(LogReadOptions.parse(self.options)),
+                                      "producer_id" in schema.fieldNames())
             return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
 
-    def streamReader(self, schema: StructType) -> "LedgerStreamReader":
+    def streamReader(self, schema: StructType):
         with cause_first():
+            if is_log_options(self.options):
+                from .logreader import LogStreamReader
+                return LogStreamReader(with_credentials(LogReadOptions.parse(self.options)),
+                                       "producer_id" in schema.fieldNames())
             return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
-    def writer(self, schema: StructType, overwrite: bool) -> "LedgerWriter":
+    def writer(self, schema: StructType, overwrite: bool):
         with cause_first():
+            if is_log_options(self.options):
+                from .logwriter import LogBatchWriter, log_columns
+                if overwrite:
+                    raise OptionError("pybk logs are append-only: use mode('append')")
+                return LogBatchWriter(with_credentials(LogWriteOptions.parse(self.options)), log_columns(schema))
             opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use mode('append')")
             return LedgerWriter(opts, payload_column(schema))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> "LedgerStreamWriter":
+    def streamWriter(self, schema: StructType, overwrite: bool):
         with cause_first():
+            if is_log_options(self.options):
+                from .logwriter import LogStreamWriter, log_columns
+                if overwrite:
+                    raise OptionError("pybk logs are append-only: use outputMode('append')")
+                if any(str(k).lower() == "jobid" for k in self.options):
+                    raise OptionError("option jobId is for batch writes: a stream's micro-batches are jobs "
+                                      "'<query id>.<batch id>'")
+                return LogStreamWriter(with_credentials(LogWriteOptions.parse(self.options)), log_columns(schema))
             opts = _write_options(self.options)
             if overwrite:
                 raise OptionError("pybk ledgers are append-only: use outputMode('append')")

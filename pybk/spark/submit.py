@@ -231,7 +231,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("cluster", metavar="CLUSTER", help="the BookieCluster's name")
     s.add_argument("job_file", metavar="JOB_FILE",
                    help=f"job file in the image; a bare name is under {IMAGE_JOBS_DIR} "
-                        "(ledger_stats.py, export_parquet.py)")
+                        "(ledger_stats.py, export_parquet.py, log_counts.py)")
     s.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB_ARGS",
                    help="everything after JOB_FILE goes to the job, which gets `-m <metadata URI>` first "
                         "(so give this command's options before CLUSTER)")

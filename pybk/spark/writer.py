@@ -172,10 +172,11 @@ class LedgerWriter(DataSourceArrowWriter):
     job's other ledgers; abort decides it aborted and deletes them all."""
 
     def __init__(self, opts: WriteOptions, column: str):
+        from .logwriter import announce
         self.opts = run(_resolve(opts))
         self.column = column
-        log.info("pybk write job %s starting (E/Qw/Qa %d/%d/%d) on %s", self.opts.job_id,
-                 self.opts.ensemble_size, self.opts.write_quorum, self.opts.ack_quorum, self.opts.metadata_uri)
+        announce(f"pybk write job {self.opts.job_id} starting (E/Qw/Qa {self.opts.ensemble_size}/"
+                 f"{self.opts.write_quorum}/{self.opts.ack_quorum}) on {self.opts.metadata_uri}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerWritten:
         return run(_write_partition(self.opts, self.column, iterator, _partition_id()))

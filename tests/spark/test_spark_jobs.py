@@ -55,3 +55,25 @@ async def test_export_writes_every_entry_to_parquet(spark, ledgers, tmp_path):
     got = sorted(zip(table.column("ledger_id").to_pylist(), table.column("entry_id").to_pylist(),
                      table.column("payload").to_pylist()))
     assert got == sorted((lid, i, d) for lid, data in written.items() for i, d in enumerate(data))
+
+
+async def test_log_counts_writes_per_minute_counts_by_key_to_parquet(spark, bookies, metadata_uri, tmp_path):
+    from pybk.log import Logs
+    from pybk.spark.jobs import log_counts_main
+    bookies(3)
+    minute = 60_000
+    t0 = 1_764_201_600_000                      # a whole minute (2025-11-27 00:00 UTC)
+    async with await BookKeeper.connect(metadata_uri) as bk:
+        logs = Logs(bk)
+        await logs.create("orders", password=PW)
+        async with await logs.open_writer("orders", password=PW) as w:
+            for i in range(90):                 # 30 records a minute over three minutes, keys a and b
+                await w.append(b"x" * i, key=b"ab"[i % 2:i % 2 + 1], timestamp=t0 + i * 2000)
+    out = tmp_path / "counts"
+    argv = ["-m", metadata_uri, "--log", "ord.*", str(out), "-o", "json"]
+    assert await asyncio.to_thread(lambda: (activate(spark), log_counts_main(argv))[1]) == 0
+    table = pq.read_table(out).to_pylist()
+    got = sorted((r["log"], r["minute"].timestamp() * 1000, r["key"], r["records"], r["bytes"]) for r in table)
+    want = sorted(("orders", t0 + m * minute, k, 15, sum(i for i in range(m * 30, m * 30 + 30) if "ab"[i % 2] == k))
+                  for m in range(3) for k in "ab")
+    assert got == want

@@ -123,7 +123,7 @@ def test_image_jobs_are_the_repositorys_jobs():
     used |= {arg.removeprefix(f"{IMAGE_JOBS_DIR}/") for p in JOB_EXAMPLES for d in docs(p)
              if d["kind"] == "Job" for arg in d["spec"]["template"]["spec"]["containers"][0]["args"]
              if arg.startswith(IMAGE_JOBS_DIR)}
-    assert used == in_image == {"ledger_stats.py", "export_parquet.py"}
+    assert used == in_image == {"ledger_stats.py", "export_parquet.py", "log_counts.py"}
 
 
 # --- the chart's Spark RBAC -------------------------------------------------------------------
@@ -233,6 +233,16 @@ def test_submit_builds_a_driver_job_for_a_cluster():
     assert objs[1]["metadata"]["name"] == "demo-ledger-stats"
     assert objs[0]["spec"]["selector"] == {DRIVER_LABEL: "demo-ledger-stats"}
     assert {p["port"] for p in objs[0]["spec"]["ports"]} == {DRIVER_PORT, BLOCK_MANAGER_PORT}
+
+
+def test_submit_runs_the_log_counts_job_from_the_image():
+    job = SparkJob(cluster="demo", namespace="default", metadata_uri=URI, job_file="log_counts.py",
+                   args=("--log", "orders.*", "/data/order-counts"))
+    objs = job_manifests(job)
+    assert_driver_job(objs)
+    args = objs[1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-6:] == [f"{IMAGE_JOBS_DIR}/log_counts.py", "-m", URI, "--log", "orders.*", "/data/order-counts"]
+    assert objs[1]["metadata"]["name"] == "demo-log-counts"
 
 
 def test_submit_reads_the_metadata_uri_the_operator_published():

@@ -117,6 +117,14 @@ async def test_batch_read_returns_exactly_the_written_entries(spark, cluster):
     # unknown ledgers and an unreachable metadata service are clear errors
     with pytest.raises(Exception, match="unknown ledger"):
         await in_thread(spark, source(spark, uri, f"{a.ledger_id},999999").collect)
+    # a closed range over sparse ids names how many are missing and the first few, not all
+    existing = {a.ledger_id, b.ledger_id, c.ledger_id, m.ledger_id}
+    first_missing = [i for i in range(1, 100) if i not in existing][:10]
+    with pytest.raises(Exception, match=rf"option ledgers: {100000 - len(existing)} unknown ledger\(s\) in "
+                                        rf"\S+: {', '.join(map(str, first_missing))} and "
+                                        rf"{100000 - len(existing) - 10} more \(") as err:
+        await in_thread(spark, source(spark, uri, "1-100000").collect)
+    assert len(str(err.value)) < 5000
     with pytest.raises(Exception, match="unreachable"):
         await in_thread(spark, source(spark, "etcd://127.0.0.1:1/pybk", "1").collect)
 

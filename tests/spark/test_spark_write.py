@@ -173,3 +173,30 @@ async def test_a_write_commits_its_ledgers_at_once_with_the_clusters_ledger_defa
     with pytest.raises(Exception, match=r"append-only: use mode\('append'\)"):
         await in_thread(spark, writer(df, uri, "job-overwrite").mode("overwrite").save)
     assert [lid async for lid in store.ledgers.list()] == sorted(written.values())
+
+
+async def test_listledgers_shows_a_crashed_jobs_pending_ledgers_with_their_job_and_state(cluster):
+    import json
+    import subprocess
+    import sys
+
+    from pybk.client import BookKeeper
+    from pybk.spark.commit import pending_tags
+    uri, store, _ = cluster
+    async with await BookKeeper.connect(uri) as bk:
+        plain = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PW.encode())
+        crashed = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PW.encode(),
+                                         metadata=pending_tags("crashed-job", 3))   # what a killed task leaves
+
+    def listledgers(*extra: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "pybk.cli", "shell", "listledgers", "--metadata-uri", uri, *extra],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+    rows = {r["ledger_id"]: r for r in json.loads(await asyncio.to_thread(listledgers, "-o", "json"))}
+    assert rows[crashed.ledger_id]["job"] == {"id": "crashed-job", "partition": 3, "state": "pending",
+                                              "outcome": "undecided"}
+    assert "job" not in rows[plain.ledger_id]
+    table = {line.split()[0]: line for line in (await asyncio.to_thread(listledgers)).splitlines()[1:]}
+    assert table[str(crashed.ledger_id)].endswith("crashed-job p3 pending (undecided)")
+    assert table[str(plain.ledger_id)].rstrip().endswith("-")

@@ -1,0 +1,296 @@
+"""Reading one partition of a log (a range of entries of one segment) as Arrow record batches.
+
+A log's entries pack many records each (`pybk.log.codec`): headers first, then keys and payloads.
+The scan reads the segment's ledger in chunks (the bookies' answers, every entry's digest checked
+by the client as it arrives), decodes each entry's record headers with numpy, and builds the Arrow
+columns from the entry buffers and offsets: no Python object per record. Only records with offsets
+in [lo, hi) are kept, so partitions that share an entry at their edge never repeat a record.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import AsyncIterator, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from pybk.log import codec
+
+from .runtime import client, drive
+from .schema import TIMESTAMP
+
+ARROW_BATCH_BYTES = 4 << 20   # entry bytes per sub-range read (one Arrow batch)
+PREFETCH = 4                  # sub-ranges of one partition read concurrently
+
+LOG_SCHEMA = "log string, offset long, timestamp timestamp, key binary, payload binary"
+PRODUCER_SCHEMA = LOG_SCHEMA + ", producer_id long, sequence long"
+
+
+def log_schema(include_producer: bool) -> str:
+    """The DDL schema of a log scan."""
+    return PRODUCER_SCHEMA if include_producer else LOG_SCHEMA
+
+
+def log_arrow_schema(include_producer: bool) -> pa.Schema:
+    fields = [pa.field("log", pa.string()), pa.field("offset", pa.int64()), pa.field("timestamp", TIMESTAMP),
+              pa.field("key", pa.binary()), pa.field("payload", pa.binary())]
+    if include_producer:
+        fields += [pa.field("producer_id", pa.int64()), pa.field("sequence", pa.int64())]
+    return pa.schema(fields)
+
+
+class LogPartition(InputPartition):
+    """Entries [first_entry, last_entry] of one segment's ledger, keeping records lo <= offset < hi.
+    seg_first: the segment's first offset (an entry's records are numbered from it);
+    entry_bytes: the segment's mean entry size, to size sub-range reads."""
+
+    def __init__(self, log: str, ledger_id: int, first_entry: int, last_entry: int, seg_first: int, lo: int,
+                 hi: int, password: bytes, entry_bytes: float):
+        self.log = log
+        self.ledger_id = ledger_id
+        self.first_entry = first_entry
+        self.last_entry = last_entry
+        self.seg_first = seg_first
+        self.lo = lo
+        self.hi = hi
+        self.password = password
+        self.entry_bytes = entry_bytes
+
+    def __repr__(self) -> str:
+        return (f"LogPartition({self.log!r}, ledger {self.ledger_id}, entries {self.first_entry}-{self.last_entry}, "
+                f"offsets {self.lo}-{self.hi})")
+
+
+def _binary(lengths: np.ndarray, data: bytes | memoryview, valid: np.ndarray | None = None) -> pa.Array:
+    """An Arrow binary array over `data` (values back to back) with these lengths."""
+    n = len(lengths)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    validity = None
+    nulls = 0
+    if valid is not None:
+        nulls = int(n - np.count_nonzero(valid))
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=nulls)
+
+
+def _split_keys(data: np.ndarray, klen: np.ndarray, plen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(key bytes, payload bytes) of records laid out key, payload, key, payload...: one mask over
+    the bytes, built with numpy."""
+    m = len(klen)
+    reps = np.empty(2 * m, np.int64)
+    reps[0::2] = klen
+    reps[1::2] = plen
+    mask = np.repeat(np.tile(np.array([False, True]), m), reps)
+    return data[~mask], data[mask]
+
+
+def decode_chunk(buf: bytes, bounds: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The records of the entries buf[bounds[i]:bounds[i + 1]], decoded together: per entry only
+    its header is unpacked and its record headers viewed (numpy, no copy); then one array per
+    column for all of them. Returns per record (its entry, its index in the segment, timestamp,
+    key length, payload length, where its bytes start in buf) and per entry (first index, where
+    its bytes end, producer, first sequence). CorruptEntryError for anything that is not a well-formed record entry, bounded by
+    the entries' sizes whatever their headers claim."""
+    n = len(bounds) - 1
+    heads, counts, firsts, data_starts, data_ends = [], np.empty(n, np.int64), np.empty(n, np.int64), \
+        np.empty(n, np.int64), np.empty(n, np.int64)
+    producers, sequences = np.empty(n, np.int64), np.empty(n, np.int64)
+    mv = memoryview(buf)
+    for e in range(n):
+        start, end = bounds[e], bounds[e + 1]
+        if end - start < codec.ENTRY_HEADER_SIZE:
+            raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
+        magic, version, _flags, count, first, _max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
+        if magic != codec.MAGIC or version != codec.VERSION or count == 0:
+            raise codec.CorruptEntryError(f"entry does not start with a record entry header (magic {magic!r} version "
+                                          f"{version}, {count} records)")
+        heads_end = start + codec.ENTRY_HEADER_SIZE + count * codec.RECORD_HEADER_SIZE
+        if heads_end > end:
+            raise codec.CorruptEntryError(f"record entry claims {count} records but its {end - start} bytes hold "
+                                          f"fewer record headers")
+        heads.append(mv[start + codec.ENTRY_HEADER_SIZE:heads_end])
+        counts[e], firsts[e], data_starts[e], data_ends[e] = count, first, heads_end, end
+        producers[e], sequences[e] = producer, first_seq
+    h = np.frombuffer(b"".join(heads), codec.RECORD_DTYPE)
+    klen = h["klen"].astype(np.int64)
+    plen = h["plen"].astype(np.int64)
+    if (klen < -1).any():
+        raise codec.CorruptEntryError("record entry has a negative key length other than -1 (no key)")
+    sizes = np.maximum(klen, 0) + plen
+    entry_of = np.repeat(np.arange(n), counts)
+    first_row = np.zeros(n, np.int64)
+    np.cumsum(counts[:-1], out=first_row[1:])
+    excl = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=excl[1:])
+    per_entry = np.add.reduceat(sizes, first_row)
+    if (per_entry != data_ends - data_starts).any():
+        bad = int(np.argmax(per_entry != data_ends - data_starts))
+        raise codec.CorruptEntryError(f"record entry's records claim {int(per_entry[bad])} bytes of keys and payloads "
+                                      f"but {int(data_ends[bad] - data_starts[bad])} follow their headers")
+    starts = excl + np.repeat(data_starts - excl[first_row], counts)
+    index = np.arange(len(sizes), dtype=np.int64) + np.repeat(firsts - first_row, counts)
+    return entry_of, index, h["ts"].astype(np.int64), klen, plen, starts, firsts, data_ends, producers, sequences
+
+
+class Columns:
+    """Builds the Arrow columns of the records of many entries (a few numpy operations per chunk of
+    entries, one concatenation per column per batch)."""
+
+    def __init__(self, log: str, include_producer: bool):
+        self.log = log.encode()
+        self.schema = log_arrow_schema(include_producer)
+        self.include_producer = include_producer
+        self.reset()
+
+    def reset(self) -> None:
+        self.offsets: list[np.ndarray] = []
+        self.ts: list[np.ndarray] = []
+        self.klen: list[np.ndarray] = []
+        self.plen: list[np.ndarray] = []
+        self.payloads: list = []
+        self.keys: list = []
+        self.producer: list[np.ndarray] = []
+        self.sequence: list[np.ndarray] = []
+        self.rows = 0
+
+    def add_chunk(self, buf: bytes, bounds: Sequence[int], seg_first: int, lo: int, hi: int) -> None:
+        """The records of the entries buf[bounds[i]:bounds[i + 1]] whose offsets are in [lo, hi)."""
+        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(buf, bounds)
+        offsets = index + seg_first
+        a = int(np.searchsorted(offsets, lo, side="left"))
+        z = int(np.searchsorted(offsets, hi, side="left"))
+        if z <= a:
+            return
+        kpos = np.maximum(klen, 0)
+        # each entry's records are back to back: one region of buf per entry holds its rows' keys
+        # and payloads (the first and last entry kept may be cut by lo and hi)
+        e0, e1 = int(entry_of[a]), int(entry_of[z - 1])
+        region_starts = starts[np.r_[a, np.searchsorted(entry_of, np.arange(e0 + 1, e1 + 1))]].tolist()
+        region_ends = data_ends[e0:e1 + 1].tolist()
+        region_ends[-1] = int(starts[z - 1] + kpos[z - 1] + plen[z - 1])
+        if a or z < len(offsets):
+            entry_of, index, offsets, ts, klen, kpos, plen = (
+                x[a:z] for x in (entry_of, index, offsets, ts, klen, kpos, plen))
+        mv = memoryview(buf)
+        regions = [mv[s:e] for s, e in zip(region_starts, region_ends)]
+        if int(klen.max()) < 0:
+            self.payloads += regions
+        else:
+            k, p = _split_keys(np.frombuffer(b"".join(regions), np.uint8), kpos, plen)
+            self.keys.append(k)
+            self.payloads.append(p)
+        self.offsets.append(offsets)
+        self.ts.append(ts)
+        self.klen.append(klen)
+        self.plen.append(plen)
+        if self.include_producer:
+            self.producer.append(producers[entry_of])
+            first_seq = sequences[entry_of]
+            self.sequence.append(np.where(first_seq == codec.NO_SEQUENCE, first_seq,
+                                          first_seq + index - firsts[entry_of]))
+        self.rows += z - a
+
+    def batch(self) -> pa.RecordBatch | None:
+        """The records added since the last batch, as one Arrow record batch (None: no record)."""
+        n = self.rows
+        if not n:
+            return None
+        klen = np.concatenate(self.klen)
+        plen = np.concatenate(self.plen)
+        offsets = np.zeros(n + 1, np.int32)
+        offsets[1:] = len(self.log)
+        np.cumsum(offsets, out=offsets)
+        logs = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(self.log * n)])
+        ts = pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(np.concatenate(self.ts) * 1000)])
+        valid = klen >= 0
+        if self.keys:
+            keys = _binary(np.maximum(klen, 0), b"".join(memoryview(k) for k in self.keys), valid)
+        else:
+            keys = pa.nulls(n, pa.binary())
+        payload = _binary(plen, b"".join(self.payloads))
+        cols = [logs, pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.concatenate(self.offsets))]), ts,
+                keys, payload]
+        if self.include_producer:
+            producer = np.concatenate(self.producer)
+            sequence = np.concatenate(self.sequence)
+            cols.append(pa.array(producer, mask=producer == 0))
+            cols.append(pa.array(sequence, mask=sequence == codec.NO_SEQUENCE))
+        self.reset()
+        return pa.RecordBatch.from_arrays(cols, schema=self.schema)
+
+
+def sub_range(entry_bytes: float) -> int:
+    """Entries per sub-range read: about ARROW_BATCH_BYTES of entries."""
+    return max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
+
+
+async def _read_log_batches(uri: str, security, part: LogPartition,
+                            include_producer: bool) -> AsyncIterator[pa.RecordBatch]:
+    """One partition's records as Arrow batches, in offset order; PREFETCH sub-ranges in flight."""
+    from pybk.client import reader as ledger_reader
+    bk = await client(uri, security)
+    md = await bk.ledger_metadata(part.ledger_id)
+
+    async def fetch(first: int, last: int) -> pa.RecordBatch | None:
+        cols = Columns(part.log, include_producer)
+        async for chunk in ledger_reader.read_chunks(bk, md, part.password, first, last):
+            cols.add_chunk(chunk.buffer, chunk.offsets, part.seg_first, part.lo, part.hi)
+        return cols.batch()
+
+    step = sub_range(part.entry_bytes)
+    next_first = part.first_entry
+    pending: deque[asyncio.Task] = deque()
+
+    def launch() -> None:
+        nonlocal next_first
+        while len(pending) < PREFETCH and next_first <= part.last_entry:
+            last = min(part.last_entry, next_first + step - 1)
+            pending.append(asyncio.ensure_future(fetch(next_first, last)))
+            next_first = last + 1
+
+    try:
+        launch()
+        while pending:
+            batch = await pending.popleft()
+            launch()
+            if batch is not None:
+                yield batch
+    finally:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def read_log_partition(uri: str, security, part: InputPartition, include_producer: bool) -> Iterator[pa.RecordBatch]:
+    """Synchronous iterator of one partition's record batches (an empty plan's partition: none)."""
+    if not isinstance(part, LogPartition):
+        return iter(())
+    return drive(lambda: _read_log_batches(uri, security, part, include_producer))
+
+
+def split_entries(first: int, last: int, entry_bytes: float, bytes_per_partition: int,
+                  pieces: int = 1) -> list[tuple[int, int]]:
+    """Entries [first, last] cut into ranges of about bytes_per_partition bytes, at least `pieces`
+    of them when there are that many entries."""
+    count = last - first + 1
+    per = max(1, int(bytes_per_partition // max(entry_bytes, 1.0)))
+    n = max(pieces, -(-count // per))
+    n = min(n, count)
+    bounds = [first + count * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
+
+
+def pieces_of(sizes: Sequence[int], want: int) -> list[int]:
+    """How many pieces each of these ranges (sizes in entries) is cut into so that there are at
+    least `want` in all: the largest ranges are cut first, none beyond its entries."""
+    out = [1] * len(sizes)
+    while sum(out) < want:
+        best = max(range(len(sizes)), key=lambda i: sizes[i] / out[i], default=None)
+        if best is None or out[best] >= sizes[best]:
+            break
+        out[best] += 1
+    return out

@@ -1,0 +1,96 @@
+"""The pure parts of the log source and sink: options, the chunk decoder, partition cutting and
+producer ids (no cluster, no Spark)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from pybk.log import codec
+from pybk.spark.logoptions import LogReadOptions, LogWriteOptions, parse_logs
+from pybk.spark.logscan import Columns, decode_chunk, pieces_of, split_entries
+from pybk.spark.logwriter import producer_id
+from pybk.spark.options import OptionError
+
+URI = "etcd://127.0.0.1:2379/pybk"
+
+
+def test_log_options_parse_names_patterns_and_kafka_style_positions():
+    sel = parse_logs("orders, refunds.*,audit")
+    assert sel.names == ("orders", "audit") and sel.patterns == ("refunds.*",)
+    assert sel.matches("refunds.eu") and sel.matches("orders") and not sel.matches("order")
+    o = LogReadOptions.parse({"metadataServiceUri": URI, "log": "orders", "startingOffsets": '{"orders": 12}',
+                              "endingOffsets": "latest", "maxRecordsPerTrigger": "5", "cursor": "c1"})
+    assert o.starting.of("orders") == 12 and o.starting.of("other") == -2 and o.max_records_per_trigger == 5
+    assert o.cursor == "c1" and o.include_producer is None
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"log": ""}, "option log is empty"),
+    ({"log": "a(b"}, "neither a log name nor a valid pattern"),
+    ({"log": "a", "startingOffsets": "earliest", "startingTimestamp": "5"}, "both say where reading starts"),
+    ({"log": "a", "endingOffsets": '{"a": -2}'}, "earliest .* is not an ending position"),
+    ({"log": "a", "startingOffsets": '{"a": "x"}'}, "is not an offset"),
+    ({"log": "a", "includeProducer": "maybe"}, "must be auto, true or false"),
+    ({"log": "a", "ledgers": "1"}, "unknown option.*ledgers"),
+])
+def test_log_options_refuse_what_they_cannot_do(options, error):
+    with pytest.raises(OptionError, match=error):
+        LogReadOptions.parse({"metadataServiceUri": URI, **options})
+
+
+def test_write_options_need_one_log_name():
+    assert LogWriteOptions.parse({"metadataServiceUri": URI, "log": "orders", "jobId": "j-1"}).job_id == "j-1"
+    with pytest.raises(OptionError, match="is not a log name"):
+        LogWriteOptions.parse({"metadataServiceUri": URI, "log": "a,b"})
+
+
+def entries(spec: list[list[tuple[bytes, bytes | None, int]]], first: int = 0) -> tuple[bytes, list[int], list]:
+    bodies, index = [], first
+    for recs in spec:
+        bodies.append(codec.encode(recs, index, producer_id=7 if index else 0, first_sequence=100 + index if index
+                                   else codec.NO_SEQUENCE))
+        index += len(recs)
+    bounds = np.cumsum([0] + [len(b) for b in bodies]).tolist()
+    return b"".join(bodies), bounds, bodies
+
+
+def test_a_chunk_decodes_to_the_records_codec_decodes_cut_to_the_offset_range():
+    spec = [[(b"p%d-%d" % (e, i) * (i % 4), (b"k%d" % i) if i % 2 else None, 1000 + e * 10 + i) for i in range(n)]
+            for e, n in enumerate([3, 1, 5, 4])]
+    buf, bounds, bodies = entries(spec)
+    want = [r for body in bodies for r in codec.decode(body).records(codec.decode(body).header.first_index + 50)]
+    for lo, hi in ((50, 63), (52, 61), (54, 55), (60, 99)):
+        cols = Columns("x", True)
+        cols.add_chunk(buf, bounds, 50, lo, hi)
+        batch = cols.batch()
+        got = [(r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["payload"], r["producer_id"], r["sequence"])
+               for r in batch.to_pylist()]
+        assert got == [(r.offset, r.timestamp, r.key, r.payload, 7 if r.offset >= 53 else None,
+                        100 + r.offset - 50 if r.offset >= 53 else None) for r in want if lo <= r.offset < hi]
+        assert set(batch.column("log").to_pylist()) == {"x"}
+
+
+@pytest.mark.parametrize("damage, error", [
+    (lambda b: b[:30], "shorter than a record entry header"),
+    (lambda b: b"XX" + b[2:], "does not start with a record entry header"),
+    (lambda b: b[:4] + struct.pack(">I", 10**6) + b[8:], "claims 1000000 records"),
+    (lambda b: b[:-1], "claim .* bytes of keys and payloads but"),
+])
+def test_a_hostile_entry_fails_naming_what_is_wrong(damage, error):
+    buf, bounds, _ = entries([[(b"abc", b"k", 1), (b"de", None, 2)]])
+    bad = damage(buf)
+    with pytest.raises(codec.CorruptEntryError, match=error):
+        decode_chunk(bad, [0, len(bad)])
+
+
+def test_partitions_are_cut_by_bytes_and_then_to_the_minimum_count():
+    assert split_entries(0, 99, 1000.0, 25_000) == [(0, 24), (25, 49), (50, 74), (75, 99)]
+    assert split_entries(10, 12, 1000.0, 1 << 30, 5) == [(10, 10), (11, 11), (12, 12)]
+    assert pieces_of([100, 10], 4) == [3, 1] and pieces_of([1, 1], 5) == [1, 1]
+
+
+def test_producer_ids_are_stable_positive_and_distinct_per_job_and_query():
+    a, b = producer_id("job", "j1"), producer_id("query", "j1")
+    assert a == producer_id("job", "j1") and a != b and 0 < a < 1 << 63 and 0 < b < 1 << 63
