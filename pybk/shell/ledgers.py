@@ -137,7 +137,7 @@ async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
 async def _job_part(store: Any, md: Any, outcomes: dict[str, str]) -> dict[str, Any]:
     """{"job": ...} for a ledger a write job created (its id, partition, own state and the job's
     outcome, each job's record read once), else {}."""
-    from pybk.spark import commit
+    from pybk.meta import job_commit as commit
     job = commit.job_of(md.custom or {})
     if job is None:
         return {}

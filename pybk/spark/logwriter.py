@@ -6,7 +6,7 @@ to it. Instead:
 
 1. **Stage** (tasks): each task packs its partition's rows (payload; key and timestamp when the
    DataFrame has them) into log record entries (`pybk.log.codec`) in a new *pending* job ledger,
-   tagged with the job and the log, as a ledger write's tasks do (`pybk.spark.commit`). Readers
+   tagged with the job and the log, as a ledger write's tasks do (`pybk.meta.job_commit`). Readers
    of ledgers never see pending ledgers, and a failed or retried attempt's ledger is never
    appended: only the ledgers the driver's commit receives are.
 2. **Append** (driver's commit): one writer, an *idempotent producer*, appends the staged records
@@ -42,7 +42,7 @@ from pyspark.sql.types import StructType
 
 from pybk.meta.jobs import JobOutcome, JobRecord
 
-from . import commit
+from pybk.meta import job_commit as commit
 from .logoptions import LogWriteOptions
 from .options import OptionError, WriteOptions
 from .runtime import client, is_no_such_ledger, run

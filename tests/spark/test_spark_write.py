@@ -181,7 +181,7 @@ async def test_listledgers_shows_a_crashed_jobs_pending_ledgers_with_their_job_a
     import sys
 
     from pybk.client import BookKeeper
-    from pybk.spark.commit import pending_tags
+    from pybk.meta.job_commit import pending_tags
     uri, store, _ = cluster
     async with await BookKeeper.connect(uri) as bk:
         plain = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PW.encode())
