@@ -34,11 +34,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from pybk import eventloop
 
 from .stats import cpu_seconds, summary
+
+if TYPE_CHECKING:
+    from pybk.log import LogWriter, Logs
 
 PASSWORD = b"bench-log"
 RECORD = 100
@@ -88,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---- the measured runs --------------------------------------------------------------------------
 
-async def pipelined(w, n: int, size: int, chunk: int = 8192) -> tuple[float, list[float]]:
+async def pipelined(w: "LogWriter", n: int, size: int, chunk: int = 8192) -> tuple[float, list[float]]:
     """n records by append_nowait, at most two chunks unacknowledged; (seconds, latencies of every
     64th record)."""
     payload = os.urandom(size)
@@ -109,7 +112,7 @@ async def pipelined(w, n: int, size: int, chunk: int = 8192) -> tuple[float, lis
     return perf() - t0, lat
 
 
-async def many(w, n: int, size: int, chunk: int = 10_000, inflight: int = 8) -> tuple[float, list[float]]:
+async def many(w: "LogWriter", n: int, size: int, chunk: int = 10_000, inflight: int = 8) -> tuple[float, list[float]]:
     """n records by append_many in lists of `chunk`, `inflight` calls at once; (seconds, each
     call's latency)."""
     payloads = [os.urandom(size)] * chunk
@@ -150,7 +153,8 @@ eventloop.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
-async def end_to_end(logs, uri: str, name: str, n: int, rate: int, linger: float = 0.001) -> tuple[float, list[float]]:
+async def end_to_end(logs: "Logs", uri: str, name: str, n: int, rate: int,
+                     linger: float = 0.001) -> tuple[float, list[float]]:
     """n records at `rate`/s; each one's delay from append_nowait in this process to a tailing
     reader in another (a consumer is rarely its producer's process; both read the same monotonic
     clock, CLOCK_MONOTONIC)."""
@@ -197,7 +201,7 @@ asyncio.run(main(*sys.argv[1:4]))
 """
 
 
-async def takeovers(logs, uri: str, name: str, times: int) -> list[float]:
+async def takeovers(logs: "Logs", uri: str, name: str, times: int) -> list[float]:
     """Seconds from open_writer to the first acknowledged append after a writer under load is
     killed with -9, `times` times."""
     out = []
@@ -220,7 +224,7 @@ async def takeovers(logs, uri: str, name: str, times: int) -> list[float]:
     return out
 
 
-async def idle_log_bytes(logs, name: str) -> int:
+async def idle_log_bytes(logs: "Logs", name: str) -> int:
     """etcd key and value bytes of an idle log: name, config, head, one closed segment, one cursor."""
     from pybk.meta.etcd import prefix_end
     ref = await logs.create(name, password=PASSWORD)
@@ -233,7 +237,7 @@ async def idle_log_bytes(logs, name: str) -> int:
     return sum(len(kv.key) + len(kv.value) for kv in resp.kvs) + len(name_kv.key) + len(name_kv.value)
 
 
-async def open_many_segments(logs, name: str, count: int) -> tuple[float, float, float]:
+async def open_many_segments(logs: "Logs", name: str, count: int) -> tuple[float, float, float]:
     """(seconds to write them, seconds of open_writer, seconds to find a middle offset's segment) for
     a log of `count` closed segments of 100 records written straight into etcd."""
     from pybk.log.layout import Head, Segment, SegmentState
@@ -282,7 +286,8 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
     async with await BookKeeper.connect(uri) as bk:
         logs = Logs(bk)
 
-        async def timed(label: str, log: str, fn, n: int, size: int) -> dict:
+        async def timed(label: str, log: str, fn: Callable[..., Awaitable[tuple[float, list[float]]]], n: int,
+                        size: int) -> dict:
             await logs.create(log, password=PASSWORD)
             async with await logs.open_writer(log, password=PASSWORD) as w:
                 await fn(w, min(n, 20_000), size)   # warm-up: streams, caches, the next segment made ahead

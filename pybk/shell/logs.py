@@ -25,11 +25,14 @@ import datetime
 import json
 import sys
 import threading
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from .core import Shell, ShellError, command
 from .format import bytes_json, ctime_text, format_table, human_bytes
 from .ledgers import password_arg, password_from_args
+
+if TYPE_CHECKING:
+    from pybk.log import LogDescription, LogRecord, Logs, PendingAppend
 
 ACTIONS_HELP = """\
 actions:
@@ -209,7 +212,7 @@ def _text_or_base64(out: dict[str, Any], field: str, data: bytes | None) -> None
         out[field + "_base64"] = bytes_json(data)
 
 
-def record_json(rec: Any) -> dict[str, Any]:
+def record_json(rec: "LogRecord") -> dict[str, Any]:
     """One record as `read` prints it: offset, timestamp (ms), key and payload (text when UTF-8,
     else key_base64 / payload_base64)."""
     out: dict[str, Any] = {"offset": rec.offset, "timestamp": rec.timestamp}
@@ -218,7 +221,7 @@ def record_json(rec: Any) -> dict[str, Any]:
     return out
 
 
-def description_json(d: Any) -> dict[str, Any]:
+def description_json(d: "LogDescription") -> dict[str, Any]:
     """`describe` for scripts: the head, offsets, size, configuration, segments and cursors. An
     OPEN segment's records are those readable now; its bytes are not known before it closes."""
     segments = []
@@ -286,7 +289,7 @@ def _needs_password(args: argparse.Namespace, what: str) -> bytes | None:
     return password
 
 
-async def _create(logs: Any, args: argparse.Namespace) -> None:
+async def _create(logs: "Logs", args: argparse.Namespace) -> None:
     from pybk.entry import DigestType
     from pybk.log import LogConfig, Retention, RetentionPolicy, Rollover
     base = Rollover()
@@ -300,12 +303,12 @@ async def _create(logs: Any, args: argparse.Namespace) -> None:
           lambda d: f"created log {d['name']} (id {d['log_id']})")
 
 
-async def _list(logs: Any, args: argparse.Namespace) -> None:
+async def _list(logs: "Logs", args: argparse.Namespace) -> None:
     rows = [{"name": n, "log_id": i} async for n, i in logs.meta.names()]
     _emit(args, rows, lambda rs: format_table(["log", "id"], [[r["name"], r["log_id"]] for r in rs], empty="no logs"))
 
 
-async def _describe(logs: Any, args: argparse.Namespace) -> None:
+async def _describe(logs: "Logs", args: argparse.Namespace) -> None:
     d = description_json(await logs.describe(args.name, password_from_args(args)))
     _emit(args, d, lambda d: render_description(d, args.segments))
 
@@ -337,7 +340,7 @@ async def _stdin_lines() -> AsyncIterator[list[bytes]]:
             yield [ln.removesuffix(b"\r") for ln in lines]
 
 
-async def _append(logs: Any, args: argparse.Namespace) -> None:
+async def _append(logs: "Logs", args: argparse.Namespace) -> None:
     from pybk.log import WriterOptions
     password = _needs_password(args, f"appending to log {args.name!r}")
     writer = await logs.open_writer(args.name, password=password, options=WriterOptions(linger=args.linger))
@@ -388,14 +391,14 @@ async def _append(logs: Any, args: argparse.Namespace) -> None:
               + (f" at offsets {d['first_offset']}..{d['last_offset']}" if d["records"] else ""))
 
 
-async def _awaited(p: Any) -> None:
+async def _awaited(p: "PendingAppend") -> None:
     try:
         await p
     except Exception:
         pass   # reported in order by the drain
 
 
-async def _read(logs: Any, args: argparse.Namespace, follow: bool) -> None:
+async def _read(logs: "Logs", args: argparse.Namespace, follow: bool) -> None:
     start = args.start if args.start is not None else ("latest" if follow else "earliest")
     end = None if follow else args.to
     reader = await logs.open_reader(args.name, start=start, cursor=args.cursor, at_time=args.at_time, end=end,
@@ -417,7 +420,7 @@ async def _read(logs: Any, args: argparse.Namespace, follow: bool) -> None:
         out.flush()
 
 
-async def _cursors(logs: Any, args: argparse.Namespace) -> None:
+async def _cursors(logs: "Logs", args: argparse.Namespace) -> None:
     if args.commit:
         cursor, text = args.commit
         try:
@@ -434,7 +437,7 @@ async def _cursors(logs: Any, args: argparse.Namespace) -> None:
                                                                             for r in rs], empty="no cursors"))
 
 
-async def _truncate(logs: Any, args: argparse.Namespace) -> None:
+async def _truncate(logs: "Logs", args: argparse.Namespace) -> None:
     password = _needs_password(args, f"truncating log {args.name!r}")
     _confirm(args, f"delete the segments of log {args.name} below offset {args.before}")
     before = await logs.start_offset(args.name)
@@ -444,7 +447,7 @@ async def _truncate(logs: Any, args: argparse.Namespace) -> None:
                     f"({d['deleted_records']} records deleted)")
 
 
-async def _delete(logs: Any, args: argparse.Namespace) -> None:
+async def _delete(logs: "Logs", args: argparse.Namespace) -> None:
     password = _needs_password(args, f"deleting log {args.name!r}")
     _confirm(args, f"delete log {args.name}")
     await logs.delete(args.name, password=password, force=args.force)
