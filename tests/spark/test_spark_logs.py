@@ -290,8 +290,12 @@ async def test_stream_sink_appends_each_micro_batch_once_across_driver_kill_and_
         assert "sink.task_first_attempt" in marker.read_text()      # tasks failed once and were retried
         # a generated job id is printed where the user running the driver sees it
         assert re.search(r"^pybk write job [0-9a-f]{32} starting", first.log_path.read_text(), re.M)
-        partial = len(await log_records(logs, "out"))
-        assert 0 < partial < 400
+        # what was appended before the hang becomes readable once the bookies learn its LAC (the
+        # writer tells them after its explicit-LAC delay): a moment after the marker
+        async def appended() -> int:
+            return len(await log_records(logs, "out"))
+        partial = await eventually(appended, 30, 0.2, "the first half of the micro-batch readable in the log")
+        assert partial < 400
     finally:
         first.kill()
     second = ChildProcess("sink-driver", argv, tmp_path / "second.log",
