@@ -313,3 +313,39 @@ async def test_stream_sink_appends_each_micro_batch_once_across_driver_kill_and_
     async def none_staged():
         return not await staged_ledgers(bk)
     await eventually(none_staged, 30, 0.2, "no staged ledger left")
+
+
+async def test_a_log_write_commit_run_again_appends_exactly_what_is_missing(cluster):
+    """A batch job's commit that died after appending part of the job (left here by appending that
+    prefix with the job's producer id and sequences, as the commit does), run again with the same
+    job id: the rest is appended once; run once more after it is recorded: nothing."""
+    import pyarrow as pa
+
+    from pybk.spark.commit import pending_tags
+    from pybk.spark.logoptions import LogWriteOptions
+    from pybk.spark.logwriter import LOG_KEY, Columns, commit_job, producer_id, stage_partition
+    from pybk.spark.runtime import run
+    uri, bk, logs = cluster
+    await logs.create("resumed", password=PW)
+    opts = LogWriteOptions.parse({"metadataServiceUri": uri, "log": "resumed", "password": PW.decode()})
+    job = "resumed-job"
+    parts = [[b"p%d-r%d" % (p, i) for i in range(n)] for p, n in enumerate([30, 0, 25])]
+
+    def stage(p: int):
+        batch = pa.record_batch([pa.array(parts[p], pa.binary())], names=["payload"])
+        return run(stage_partition(opts, (3, 3, 2), Columns("payload"), iter([batch]), p, job,
+                                   pending_tags(job, p, {LOG_KEY: "resumed"})))
+    staged = [await asyncio.to_thread(stage, p) for p in range(3)]
+    assert [s.records for s in staged] == [30, 0, 25] and staged[1].ledger_id is None
+    rows = [r for p in parts for r in p]
+    async with await logs.open_writer("resumed", password=PW,
+                                      options=WriterOptions(producer_id=producer_id("job", job))) as w:
+        for seq in range(40):                    # what a commit killed after 40 records had stored
+            await w.append(rows[seq], sequence=seq)
+    done = await asyncio.to_thread(lambda: run(commit_job(opts, job, staged, producer_id("job", job), 0)))
+    assert (done.skipped, done.appended) == (40, 15)
+    assert [r.payload for r in await log_records(logs, "resumed")] == rows
+    again = await asyncio.to_thread(lambda: run(commit_job(opts, job, staged, producer_id("job", job), 0)))
+    assert (again.skipped, again.appended) == (0, 0)
+    assert [r.payload for r in await log_records(logs, "resumed")] == rows
+    assert not await staged_ledgers(bk)
