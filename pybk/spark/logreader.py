@@ -66,9 +66,10 @@ class LogPlanner:
         from pybk.log import Logs
         return Logs(await client(self.opts.metadata_uri, self.opts.security))
 
-    async def names(self, strict: bool) -> list[str]:
+    async def names(self, strict: bool, allow_none: bool = False) -> list[str]:
         """The logs the selection names or matches now; with `strict`, a named log that does not
-        exist is an error."""
+        exist is an error, and so is matching none (unless `allow_none`: a stream waits for logs
+        its patterns will match)."""
         from pybk.log import LogNotFoundError
         logs = await self.logs()
         sel = self.opts.logs
@@ -82,7 +83,7 @@ class LogPlanner:
             out.add(n)
         if sel.patterns:
             out |= {n for n in existing if sel.matches(n)}
-        if strict and not out:
+        if strict and not out and not allow_none:
             raise PybkSparkError(f"option log: no log matches {str(sel)!r}")
         return sorted(out)
 
@@ -322,7 +323,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return run(self._initial())
 
     async def _initial(self) -> dict:
-        await self.planner.names(strict=True)
+        await self.planner.names(strict=True, allow_none=not self.opts.logs.names)
         await self._discover()
         return {n: await self.planner.start_of(st, self.opts.starting, True) for n, st in sorted(self._states.items())}
 
