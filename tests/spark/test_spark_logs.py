@@ -349,3 +349,23 @@ async def test_a_log_write_commit_run_again_appends_exactly_what_is_missing(clus
     assert (again.skipped, again.appended) == (0, 0)
     assert [r.payload for r in await log_records(logs, "resumed")] == rows
     assert not await staged_ledgers(bk)
+
+
+async def test_a_stream_by_pattern_starts_before_any_log_matches_and_reads_them_as_they_appear(
+        spark, cluster, tmp_path):
+    from polling import eventually
+    uri, bk, logs = cluster
+    sink = Collector()
+
+    def start():
+        return (spark.readStream.format("pybk").option("metadataServiceUri", uri).option("log", "late\\..*")
+                .option("includeProducer", "false").load().writeStream.foreachBatch(sink)
+                .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds")
+                .start())
+    query = await in_thread(spark, start)
+    try:
+        await fill(logs, "late.one", 7)
+        await eventually(lambda: len(sink.rows()) >= 7, 120, 0.2, "the records of a log created after the start")
+    finally:
+        await in_thread(spark, query.stop)
+    assert sink.rows() == [("late.one", i, body("late.one", i)) for i in range(7)]
