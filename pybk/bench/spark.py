@@ -67,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record-size", type=int, default=100, help="payload bytes per log record (default 100)")
     parser.add_argument("--bytes-per-partition", default=None,
                         help="with --log: the source's bytesPerPartition (default: the source's default)")
-    parser.add_argument("--ledger-size", default="64MiB",
-                        help="with --log --vs-parquet: bytes of 1 KiB entries for the ledger ratio (default 64MiB)")
+    parser.add_argument("--ledger-size", default="256MiB",
+                        help="with --log --vs-parquet: bytes of 1 KiB entries for the ledger ratio (default 256MiB, as without --log)")
     parser.add_argument("--metadata-service-uri", default=None,
                         help="use this running cluster instead of starting one")
     parser.add_argument("--dir", default=None, help="data directory for the started cluster (default: temp)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -23,6 +23,11 @@ from .logscan import LogPartition, pieces_of, read_log_partition, split_entries
 from .options import EARLIEST, LATEST
 from .reader import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 from .runtime import client, is_no_such_ledger, run
+
+if TYPE_CHECKING:
+    from pybk.log import Logs
+
+    from .logoptions import LogPositions
 
 log = logging.getLogger("pybk.spark")
 
@@ -56,13 +61,15 @@ class LogPlanner:
         self._headers: dict[tuple[int, int], tuple[int, int]] = {}   # (ledger, entry) -> (first, end index)
         self._sizes: dict[int, float] = {}
 
-    async def logs(self):
+    async def logs(self) -> "Logs":
+        """The logs of the query's cluster, on this process's shared client."""
         from pybk.log import Logs
         return Logs(await client(self.opts.metadata_uri, self.opts.security))
 
-    async def names(self, strict: bool) -> list[str]:
+    async def names(self, strict: bool, allow_none: bool = False) -> list[str]:
         """The logs the selection names or matches now; with `strict`, a named log that does not
-        exist is an error."""
+        exist is an error, and so is matching none (unless `allow_none`: a stream waits for logs
+        its patterns will match)."""
         from pybk.log import LogNotFoundError
         logs = await self.logs()
         sel = self.opts.logs
@@ -76,7 +83,7 @@ class LogPlanner:
             out.add(n)
         if sel.patterns:
             out |= {n for n in existing if sel.matches(n)}
-        if strict and not out:
+        if strict and not out and not allow_none:
             raise PybkSparkError(f"option log: no log matches {str(sel)!r}")
         return sorted(out)
 
@@ -104,6 +111,7 @@ class LogPlanner:
         return self.opts.password_for(ref.name)
 
     async def states(self, names: Sequence[str]) -> dict[str, LogState]:
+        """The state of each of these logs that still exists."""
         out = {}
         for n in names:
             st = await self.state(n)
@@ -111,7 +119,7 @@ class LogPlanner:
                 out[n] = st
         return out
 
-    async def start_of(self, st: LogState, positions, first_run: bool) -> int:
+    async def start_of(self, st: LogState, positions: "LogPositions", first_run: bool) -> int:
         """Where a query starts reading a log: startingOffsets / the timestamps / the cursor."""
         logs = await self.logs()
         o = self.opts
@@ -211,6 +219,7 @@ class LogPlanner:
         return st.start
 
     async def plan(self, bounds: dict[str, tuple[int, int]], states: dict[str, LogState]) -> list[InputPartition]:
+        """The partitions of each log's records [lo, hi) (data loss checked against its start)."""
         ranges = []
         for name, (lo, hi) in sorted(bounds.items()):
             st = states.get(name)
@@ -314,7 +323,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return run(self._initial())
 
     async def _initial(self) -> dict:
-        await self.planner.names(strict=True)
+        await self.planner.names(strict=True, allow_none=not self.opts.logs.names)
         await self._discover()
         return {n: await self.planner.start_of(st, self.opts.starting, True) for n, st in sorted(self._states.items())}
 

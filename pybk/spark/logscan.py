@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from pybk.log import codec
+from pybk.security.settings import ClientSecurity
 
 from .runtime import client, drive
 from .schema import TIMESTAMP
@@ -34,6 +35,7 @@ def log_schema(include_producer: bool) -> str:
 
 
 def log_arrow_schema(include_producer: bool) -> pa.Schema:
+    """The Arrow schema of a log scan's batches (matches log_schema)."""
     fields = [pa.field("log", pa.string()), pa.field("offset", pa.int64()), pa.field("timestamp", TIMESTAMP),
               pa.field("key", pa.binary()), pa.field("payload", pa.binary())]
     if include_producer:
@@ -228,7 +230,7 @@ def sub_range(entry_bytes: float) -> int:
     return max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
 
 
-async def _read_log_batches(uri: str, security, part: LogPartition,
+async def _read_log_batches(uri: str, security: ClientSecurity | None, part: LogPartition,
                             include_producer: bool) -> AsyncIterator[pa.RecordBatch]:
     """One partition's records as Arrow batches, in offset order; PREFETCH sub-ranges in flight."""
     from pybk.client import reader as ledger_reader
@@ -265,7 +267,8 @@ async def _read_log_batches(uri: str, security, part: LogPartition,
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def read_log_partition(uri: str, security, part: InputPartition, include_producer: bool) -> Iterator[pa.RecordBatch]:
+def read_log_partition(uri: str, security: ClientSecurity | None, part: InputPartition,
+                       include_producer: bool) -> Iterator[pa.RecordBatch]:
     """Synchronous iterator of one partition's record batches (an empty plan's partition: none)."""
     if not isinstance(part, LogPartition):
         return iter(())

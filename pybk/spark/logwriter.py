@@ -33,7 +33,7 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +46,10 @@ from pybk.meta import job_commit as commit
 from .logoptions import LogWriteOptions
 from .options import OptionError, WriteOptions
 from .runtime import client, is_no_such_ledger, run
+
+if TYPE_CHECKING:
+    from pybk.client import BookKeeper
+    from pybk.log import LogWriter
 
 log = logging.getLogger("pybk.spark")
 
@@ -207,7 +211,7 @@ async def stage_partition(opts: LogWriteOptions, geometry: tuple[int, int, int],
         raise
 
 
-async def _delete_quietly(bk, ledger_id: int, password: bytes) -> None:
+async def _delete_quietly(bk: "BookKeeper", ledger_id: int, password: bytes) -> None:
     try:
         await bk.delete_ledger(ledger_id, password)
     except Exception as exc:
@@ -223,7 +227,8 @@ class Appended:
     skipped: int = 0
 
 
-async def append_staged(writer, bk, password: bytes, staged: list[LogStaged], base: int) -> Appended:
+async def append_staged(writer: "LogWriter", bk: "BookKeeper", password: bytes, staged: list[LogStaged],
+                        base: int) -> Appended:
     """Append the staged ledgers' records in partition order, record j with sequence base + j; the
     prefix already stored (a commit run again) is skipped by the producer's deduplication."""
     from pybk.client import reader as ledger_reader
@@ -328,6 +333,7 @@ async def commit_job(opts: LogWriteOptions, job_id: str, staged: list[LogStaged]
 
 
 def commit_error(job_id: str, record: JobRecord) -> RuntimeError:
+    """The error of a job whose record says it is decided otherwise."""
     return RuntimeError(f"pybk write job {job_id} was already {record.outcome.value} (by `pybk shell gc-jobs` or "
                         "an earlier job with this jobId): nothing more is appended")
 
