@@ -65,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scan a named log of --record-size records (many per entry) instead of ledgers; "
                              "with --vs-parquet the 1 KiB-entry ledger ratio is measured too")
     parser.add_argument("--record-size", type=int, default=100, help="payload bytes per log record (default 100)")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --log --vs-parquet: also time a Python data source that only yields ready-made "
+                             "Arrow batches of the log scan's columns (Spark's own cost for that schema) against "
+                             "Parquet")
     parser.add_argument("--bytes-per-partition", default=None,
                         help="with --log: the source's bytesPerPartition (default: the source's default)")
     parser.add_argument("--ledger-size", default="256MiB",
@@ -135,6 +139,51 @@ def _log_frame(spark, uri: str, args: argparse.Namespace):
     if args.bytes_per_partition:
         r = r.option("bytesPerPartition", str(_size(args.bytes_per_partition)))
     return r.load()
+
+
+FLOOR_BATCH_ROWS = 35_840   # one 4 MiB sub-range of 100-byte records, as the log scan hands Spark
+
+
+def _floor_source(rows: int, record_size: int, partitions: int):
+    """A Python data source whose partitions yield one ready-made batch of the log scan's columns
+    over and over (`rows` in all): what Spark's Python data source path costs for that schema,
+    with no reading at all."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from pybk.spark.logscan import LOG_SCHEMA, Columns
+
+    class Part(InputPartition):
+        def __init__(self, rows: int):
+            self.rows = rows
+
+    class Reader(DataSourceReader):
+        def partitions(self):
+            return [Part(rows // partitions + (1 if i < rows % partitions else 0)) for i in range(partitions)]
+
+        def read(self, part):
+            from pybk.log import codec
+            b = codec.BatchBuilder()
+            b.add_many([os.urandom(record_size) for _ in range(FLOOR_BATCH_ROWS)], 1_700_000_000_000)
+            body = b.build(0)
+            cols = Columns(LOG_NAME, False)
+            cols.add_chunk(body, [0, len(body)], 0, 0, 1 << 62)
+            batch = cols.batch()
+            left = part.rows
+            while left > 0:
+                yield batch if left >= batch.num_rows else batch.slice(0, left)
+                left -= batch.num_rows
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "pybk-bench-floor"
+
+        def schema(self) -> str:
+            return LOG_SCHEMA
+
+        def reader(self, schema):
+            return Reader()
+    return Floor
 
 
 def _pybk_frame(spark, uri: str, ledgers: list[int], args: argparse.Namespace):
@@ -316,8 +365,21 @@ def run(args: argparse.Namespace) -> int:
             return 2
         meter = CpuMeter(int(spark._jvm.java.lang.ProcessHandle.current().pid()),
                          [p.pid for p in procs[1:] if p.pid])
+        if args.log and args.floor:
+            records = written["log"][0]
+            spark.dataSource.register(_floor_source(records, args.record_size, 8))
+            written = {"log": written["log"], "floor": (records, records * args.record_size, 0.0),
+                       **{k: v for k, v in written.items() if k != "log"}}
         try:
             for what, w in written.items():
+                if what == "floor":
+                    got = _compare(spark, spark.read.format("pybk-bench-floor").load(), w[0], w[1], runs, meter, args,
+                                   True)
+                    if isinstance(got, str):
+                        print(f"pybk bench spark: {got}", file=sys.stderr)
+                        return 1
+                    parts.append((what, got))
+                    continue
                 frame = _log_frame(spark, uri, args) if what == "log" else _pybk_frame(spark, uri, w[3], args)
                 got = _compare(spark, frame, w[0], w[1], runs, meter, args, args.vs_parquet)
                 if isinstance(got, str):
@@ -337,7 +399,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"command:      {command}")
         print(f"load average: {', '.join(map(str, result['load_average']))} (at the end)")
         for what, got in parts:
-            if what == "log":
+            if what == "floor":
+                print("floor:        a Python data source yielding ready-made batches of the log scan's columns")
+                _print("floor", got, args)
+            elif what == "log":
                 print(f"data:         log of {got['rows']} records of {args.record_size} B "
                       f"({got['bytes'] / (1 << 20):.0f} MiB of payload; E{args.ensemble}/Qw{args.write_quorum}"
                       f"/Qa{args.ack_quorum}, {args.bookies} bookies); written in {got['write_seconds']} s")
