@@ -12,7 +12,7 @@ from pybk.client import BookKeeper
 from pybk.entry import DigestType
 from pybk.meta import MetadataStore
 
-from recovery_checks import assert_fully_replicated, eventually
+from recovery_checks import assert_fully_replicated, eventually, every_copy_written
 
 SECRET = b"secret"
 
@@ -43,6 +43,8 @@ async def test_ledgers_with_an_unconfigured_password_and_no_stored_key_are_rerep
                                             password=SECRET)
         written[opened.ledger_id] = [os.urandom(300) for _ in range(40)]
         await asyncio.gather(*(opened.add_entry_async(p) for p in written[opened.ledger_id]))
+        addresses = {p.bookie_id: p.address for p in procs}
+        await eventually(lambda: every_copy_written(store, addresses, written), 10, what="every copy written")
         await writer.close()  # the writer is gone; its ledger stays OPEN
         writer_gone = True
 

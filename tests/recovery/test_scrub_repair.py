@@ -15,7 +15,7 @@ from pybk.ledger import entry_ranges
 from pybk.meta import MetadataStore
 
 from entrylog_files import records
-from recovery_checks import PASSWORD, assert_fully_replicated, eventually
+from recovery_checks import PASSWORD, assert_fully_replicated, eventually, every_copy_written
 
 
 @pytest.mark.parametrize("read_only_first", [False, True], ids=["writable", "read-only-first"])
@@ -26,6 +26,7 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
     # 1 KiB entry logs: every checkpoint (here: every clean restart) starts a new log file
     procs = bookies(3, metadata_uri=short_lease_uri, registration_ttl=2, entrylog_max_file_size="1KiB")
     victim = procs[0]
+    addresses = {p.bookie_id: p.address for p in procs}
     store = await MetadataStore.connect(short_lease_uri)
     try:
         written: dict[int, list[bytes]] = {}
@@ -39,9 +40,9 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
                 payloads = [os.urandom(500) for _ in range(300)]
                 await asyncio.gather(*(lh.add_entry_async(p) for p in payloads))
                 await lh.close()
-                for p in procs:
-                    await eventually(lambda: _holds(p, lh.ledger_id, [(0, 299)]), 10, what=f"{p.bookie_id} to hold the ledger")
-            written[lh.ledger_id] = payloads
+                written[lh.ledger_id] = payloads
+                await eventually(lambda: every_copy_written(store, addresses, {lh.ledger_id: payloads}), 10,
+                                 what="every bookie to hold the ledger")
             await asyncio.to_thread(victim.restart)
         flipped, cut, deleted = written
         await asyncio.to_thread(victim.stop)
@@ -86,7 +87,7 @@ async def test_entries_lost_on_disk_are_dropped_marked_and_rereplicated(bookies,
             assert sorted([m.ledger_id async for m in store.underreplication.list()]) == sorted(lost)
             await asyncio.to_thread(victim.http_json, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})
         await eventually(lambda: _no_markers(store), 120, what="autorecovery to repair the scrubbed ledgers")
-        await assert_fully_replicated(store, {p.bookie_id: p.address for p in procs}, written)
+        await assert_fully_replicated(store, addresses, written)
     finally:
         await store.close()
 
@@ -103,8 +104,3 @@ def _waits_for(worker, bookie_id: str, ledgers) -> bool:
 
 async def _no_markers(store) -> bool:
     return not await store.underreplication.count()
-
-
-async def _holds(bookie, ledger_id: int, ranges: list) -> bool:
-    async with await BookieClient.connect(bookie.address) as c:
-        return await c.list_entries(ledger_id) == ranges
