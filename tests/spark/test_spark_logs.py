@@ -321,7 +321,7 @@ async def test_a_log_write_commit_run_again_appends_exactly_what_is_missing(clus
     job id: the rest is appended once; run once more after it is recorded: nothing."""
     import pyarrow as pa
 
-    from pybk.spark.commit import pending_tags
+    from pybk.meta.job_commit import pending_tags
     from pybk.spark.logoptions import LogWriteOptions
     from pybk.spark.logwriter import LOG_KEY, Columns, commit_job, producer_id, stage_partition
     from pybk.spark.runtime import run
