@@ -75,6 +75,12 @@ async def test_every_acknowledged_record_survives_an_etcd_restart(bookies, etcd,
         assert [x.offset for x in recs] == list(range(len(recs)))   # dense from 0
         stored = {x.offset: x.payload for x in recs}
         assert {o: stored.get(o) for o in acked} == acked       # each acknowledged record at its offset
-        # the log takes a new writer, which continues after everything stored
+        # the log takes a new writer, which continues after everything stored (once the three
+        # bookies have registered again in the restarted etcd: their sessions' leases were lost)
+        await eventually(lambda: _writable(bk, 3), timeout=60, what="the three bookies registered again")
         async with await logs.open_writer("orders", password=PW) as w:
             assert await w.append(b"after") == len(recs)
+
+
+async def _writable(bk: BookKeeper, count: int) -> bool:
+    return len(await bk.store.registry.writable()) >= count
