@@ -18,6 +18,7 @@ import enum
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,6 @@ import time
 from typing import Callable
 
 from pybk.bench.stats import cpu_seconds, percentile
-from pybk.local.process import free_port
 
 _METHOD = "/pybk.bench.Floor/Append"
 _METHOD_ONE = "/pybk.bench.Floor/AppendOne"
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "generation every N allocations instead of Python's 700: fewer and cheaper collections")
     parser.add_argument("--dir", default=None, help="where the servers' files go (default: a temp dir)")
     parser.add_argument("-o", "--output", choices=["human", "json"], default="human")
-    parser.add_argument("--serve", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", metavar="FILE", help=argparse.SUPPRESS)
 
 
 def _grpc_options(specs: list[str]) -> list[tuple[str, int | str]]:
@@ -152,7 +152,21 @@ def _handler(append, append_one):
         "AppendOne": grpc.unary_unary_rpc_method_handler(append_one)})
 
 
-async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, via_context: bool) -> None:
+def _announce(port: int) -> None:
+    """Tells the parent the port this server bound: binding port 0 leaves no window for another process."""
+    print(port, flush=True)
+
+
+def _bound_port(proc: subprocess.Popen, timeout: float = 60.0) -> int:
+    """The port a server child announced on its first line of output."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if not line.strip().isdigit():
+        raise RuntimeError(f"a bench server did not start within {timeout:.0f} s (exit code {proc.poll()})")
+    return int(line)
+
+
+async def _serve_aio(write: Callable[[bytes], None], options: list, via_context: bool) -> None:
     import grpc
 
     async def append(requests, context):
@@ -171,12 +185,13 @@ async def _serve_aio(port: int, write: Callable[[bytes], None], options: list, v
 
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((_handler(append_via_context if via_context else append, append_one),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    _announce(port)
     await server.wait_for_termination()
 
 
-async def _serve_ngh2(port: int, write: Callable[[bytes], None]) -> None:
+async def _serve_ngh2(write: Callable[[bytes], None]) -> None:
     from pybk.transport.ngh2_server import Call, GrpcServerConnection
 
     class Append:
@@ -197,11 +212,12 @@ async def _serve_ngh2(port: int, write: Callable[[bytes], None]) -> None:
         return Append(call) if call.path == _METHOD else None
 
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: GrpcServerConnection(route, 64 * 1024 * 1024), "127.0.0.1", port)
+    server = await loop.create_server(lambda: GrpcServerConnection(route, 64 * 1024 * 1024), "127.0.0.1", 0)
+    _announce(server.sockets[0].getsockname()[1])
     await server.serve_forever()
 
 
-def _serve_sync(port: int, write: Callable[[bytes], None], options: list) -> None:
+def _serve_sync(write: Callable[[bytes], None], options: list) -> None:
     from concurrent import futures
 
     import grpc
@@ -217,8 +233,9 @@ def _serve_sync(port: int, write: Callable[[bytes], None], options: list) -> Non
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
     server.add_generic_rpc_handlers((_handler(append, append_one),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    _announce(port)
     server.wait_for_termination()
 
 
@@ -390,13 +407,13 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         import grpc  # noqa: F401 - imported before the gc freeze, like the client's
         _tune_gc(args.gc_threshold)
-        write = _writer(args.serve[1], fsync)
+        write = _writer(args.serve, fsync)
         if args.server is Server.SYNC:
-            _serve_sync(int(args.serve[0]), write, options)
+            _serve_sync(write, options)
         elif args.server is Server.NGH2:
-            _run_loop(args.loop, _serve_ngh2(int(args.serve[0]), write))
+            _run_loop(args.loop, _serve_ngh2(write))
         else:
-            _run_loop(args.loop, _serve_aio(int(args.serve[0]), write, options, args.server is Server.AIO_CONTEXT))
+            _run_loop(args.loop, _serve_aio(write, options, args.server is Server.AIO_CONTEXT))
         return 0
     if not 1 <= args.ack_quorum <= args.servers:
         print("pybk bench floor: --ack-quorum must be between 1 and --servers", file=sys.stderr)
@@ -405,13 +422,13 @@ def run(args: argparse.Namespace) -> int:
     variant = ["--server", args.server, "--loop", server_loop, "--fsync", fsync]
     variant += [f"--grpc-option={spec}" for spec in args.grpc_option]
     variant += [] if args.gc_threshold is None else ["--gc-threshold", str(args.gc_threshold)]
+    import grpc  # noqa: F401 - imported before the gc freeze
     with tempfile.TemporaryDirectory(prefix="pybk-floor-", dir=args.dir) as tmp:
-        ports = [free_port() for _ in range(args.servers)]
-        procs = [subprocess.Popen([sys.executable, "-m", "pybk.cli", "bench", "floor", "--serve", str(p),
-                                   os.path.join(tmp, f"server-{i}.log")] + variant)
-                 for i, p in enumerate(ports)]
+        procs = [subprocess.Popen([sys.executable, "-m", "pybk.cli", "bench", "floor", "--serve",
+                                   os.path.join(tmp, f"server-{i}.log")] + variant, stdout=subprocess.PIPE, text=True)
+                 for i in range(args.servers)]
         try:
-            import grpc  # noqa: F401 - imported before the gc freeze
+            ports = [_bound_port(p) for p in procs]
             _tune_gc(args.gc_threshold)
             cpu_before = cpu_seconds([p.pid for p in procs])
             if args.client in (Client.SYNC, Client.SYNC_UNARY):
@@ -423,8 +440,10 @@ def run(args: argparse.Namespace) -> int:
             server_cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
-            print(f"pybk bench floor: a server answered {code.name if code else exc}: another process may have "
-                  f"taken one of the ports {ports} before it (run again)", file=sys.stderr)
+            print(f"pybk bench floor: a server answered {code.name if code else exc}", file=sys.stderr)
+            return 1
+        except RuntimeError as exc:
+            print(f"pybk bench floor: {exc}", file=sys.stderr)
             return 1
         finally:
             for p in procs:
