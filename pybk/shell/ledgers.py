@@ -118,25 +118,28 @@ def _listledgers_args(p: argparse.ArgumentParser) -> None:
                    help="only the ledgers a write job (e.g. a Spark write's jobId) created, with their commit state")
 
 
+def _job_fields(job_id: str, md: Any, outcome: str) -> dict[str, Any]:
+    """The `job` part of a ledger a write job created: its id, partition, the job's outcome and
+    the ledger's own state (pending / committed)."""
+    from pybk.meta import job_commit as commit
+    state = commit.state_of(md.custom)
+    return {"id": job_id, "partition": commit.partition_of(md.custom), "outcome": outcome,
+            "state": state.value if state is not None else "unmarked"}
+
+
 async def _job_ledgers(store: Any, job_id: str) -> list[dict[str, Any]]:
-    """ledger_json of every ledger the job created, each with a `job` part: its partition, its
-    own state (pending / committed) and whether readers see it (the job's record decides)."""
+    """ledger_json of every ledger the job created, each with a `job` part that also says whether
+    readers see it (the job's record decides)."""
     from pybk.meta import job_commit as commit, job_gc as gc
     record = await store.jobs.get(job_id)  # also refuses a malformed job id
     outcome = record.outcome.value if record is not None else "undecided"
-    rows = []
-    async for md in gc.tagged(store, job_id):
-        state = commit.state_of(md.custom)
-        rows.append({**ledger_json(md), "job": {
-            "id": job_id, "partition": commit.partition_of(md.custom), "outcome": outcome,
-            "state": state.value if state is not None else "unmarked",
-            "visible": commit.visible(md.ledger_id, md.custom, record)}})
-    return rows
+    return [{**ledger_json(md), "job": {**_job_fields(job_id, md, outcome),
+                                         "visible": commit.visible(md.ledger_id, md.custom, record)}}
+            async for md in gc.tagged(store, job_id)]
 
 
 async def _job_part(store: Any, md: Any, outcomes: dict[str, str]) -> dict[str, Any]:
-    """{"job": ...} for a ledger a write job created (its id, partition, own state and the job's
-    outcome, each job's record read once), else {}."""
+    """{"job": ...} for a ledger a write job created (each job's record read once), else {}."""
     from pybk.meta import job_commit as commit
     job = commit.job_of(md.custom or {})
     if job is None:
@@ -148,9 +151,7 @@ async def _job_part(store: Any, md: Any, outcomes: dict[str, str]) -> dict[str, 
             outcomes[job] = record.outcome.value if record is not None else "undecided"
         except BadMetadataError:   # not a job id a write job gives: someone else's custom metadata
             outcomes[job] = "unknown"
-    state = commit.state_of(md.custom)
-    return {"job": {"id": job, "partition": commit.partition_of(md.custom), "outcome": outcomes[job],
-                    "state": state.value if state is not None else "unmarked"}}
+    return {"job": _job_fields(job, md, outcomes[job])}
 
 
 @command("listledgers", "list ledgers with their state and size", _listledgers_args, _render_ledgers)

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pybk.shell.format import format_table
 
@@ -40,13 +40,8 @@ def ledger_stats(spark: Any, uri: str, ledgers: str = "all", password: str = "")
 def export_parquet(spark: Any, uri: str, path: str, ledgers: str = "all", password: str = "",
                    include_metadata: bool = False, mode: str = "overwrite") -> int:
     """Write the ledgers' entries to Parquet under path, partitioned by ledger_id; returns rows."""
-    df = reader(spark, uri, ledgers, password, includeMetadata=include_metadata).cache()
-    try:
-        rows = df.count()
-        df.write.mode(mode).partitionBy("ledger_id").parquet(path)
-        return rows
-    finally:
-        df.unpersist()
+    return _to_parquet(reader(spark, uri, ledgers, password, includeMetadata=include_metadata), path, mode,
+                       "ledger_id")
 
 
 def log_minute_counts(spark: Any, uri: str, logs: str, password: str = "", **options: Any) -> Any:
@@ -68,13 +63,19 @@ def log_minute_counts(spark: Any, uri: str, logs: str, password: str = "", **opt
 def export_log_counts(spark: Any, uri: str, logs: str, path: str, password: str = "", mode: str = "overwrite",
                       **options: Any) -> int:
     """Write `log_minute_counts` to Parquet under path, partitioned by log; returns the rows written."""
-    counts = log_minute_counts(spark, uri, logs, password, **options).cache()
+    return _to_parquet(log_minute_counts(spark, uri, logs, password, **options), path, mode, "log")
+
+
+def _to_parquet(df: Any, path: str, mode: str, partition_by: str) -> int:
+    """Write df to Parquet under path, partitioned by one column; returns the rows written (df is
+    cached meanwhile, so its source is read once)."""
+    df = df.cache()
     try:
-        rows = counts.count()
-        counts.write.mode(mode).partitionBy("log").parquet(path)
+        rows = df.count()
+        df.write.mode(mode).partitionBy(partition_by).parquet(path)
         return rows
     finally:
-        counts.unpersist()
+        df.unpersist()
 
 
 def job_session(app_name: str, master: str | None) -> Any:
@@ -119,6 +120,24 @@ def _failed(prog: str, exc: Exception) -> int:
     return 1
 
 
+def _write_job(prog: str, app_name: str, args: argparse.Namespace, done: str,
+               job: Callable[[Any], int]) -> int:
+    """Run a job that writes `args.path` and returns the rows written; say so as JSON or as `done`
+    (formatted with rows and path). Exit status 2 without Java, 1 when the job failed."""
+    spark = _session_or_none(prog, app_name, args.master)
+    if spark is None:
+        return 2
+    try:
+        rows = job(spark)
+    except Exception as exc:
+        return _failed(prog, exc)
+    if args.output == "json":
+        print(json.dumps({"path": args.path, "rows": rows}))
+    else:
+        print(done.format(rows=rows, path=args.path))
+    return 0
+
+
 def stats_main(argv: Sequence[str] | None = None) -> int:
     """Command line of spark/ledger_stats.py."""
     parser = argparse.ArgumentParser(prog="ledger_stats",
@@ -152,19 +171,9 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("overwrite", "append", "error"), default="overwrite",
                         help="what to do when path exists (default overwrite)")
     args = parser.parse_args(argv)
-    spark = _session_or_none("export_parquet", "pybk-export-parquet", args.master)
-    if spark is None:
-        return 2
-    try:
-        rows = export_parquet(spark, args.metadata_service_uri, args.path, args.ledgers, args.password,
-                              args.include_metadata, args.mode)
-    except Exception as exc:
-        return _failed("export_parquet", exc)
-    if args.output == "json":
-        print(json.dumps({"path": args.path, "rows": rows}))
-    else:
-        print(f"exported {rows} entries to {args.path}")
-    return 0
+    return _write_job("export_parquet", "pybk-export-parquet", args, "exported {rows} entries to {path}",
+                      lambda spark: export_parquet(spark, args.metadata_service_uri, args.path, args.ledgers,
+                                                   args.password, args.include_metadata, args.mode))
 
 
 def log_counts_main(argv: Sequence[str] | None = None) -> int:
@@ -184,17 +193,7 @@ def log_counts_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="table for humans (default) or json for scripts")
     args = parser.parse_args(argv)
-    spark = _session_or_none("log_counts", "pybk-log-counts", args.master)
-    if spark is None:
-        return 2
     options = {} if args.starting_timestamp is None else {"startingTimestamp": args.starting_timestamp}
-    try:
-        rows = export_log_counts(spark, args.metadata_service_uri, args.log, args.path, args.password, args.mode,
-                                 **options)
-    except Exception as exc:
-        return _failed("log_counts", exc)
-    if args.output == "json":
-        print(json.dumps({"path": args.path, "rows": rows}))
-    else:
-        print(f"wrote {rows} per-minute counts to {args.path}")
-    return 0
+    return _write_job("log_counts", "pybk-log-counts", args, "wrote {rows} per-minute counts to {path}",
+                      lambda spark: export_log_counts(spark, args.metadata_service_uri, args.log, args.path,
+                                                      args.password, args.mode, **options))

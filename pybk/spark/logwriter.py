@@ -45,7 +45,8 @@ from pybk.meta.jobs import JobOutcome, JobRecord
 from pybk.meta import job_commit as commit
 from .logoptions import LogWriteOptions
 from .options import OptionError, WriteOptions
-from .runtime import client, is_no_such_ledger, run
+from .runtime import announce, client, run
+from .writer import decide, delete_attempt, dropped_late, partition_id, settle
 
 if TYPE_CHECKING:
     from pybk.client import BookKeeper
@@ -198,25 +199,13 @@ async def stage_partition(opts: LogWriteOptions, geometry: tuple[int, int, int],
             return LogStaged(partition, None, 0)
         await handle.close()
         failpoint("sink.task_first_attempt")
-        record = await bk.store.jobs.get(job_id)
-        if not commit.late_attempt_keeps(handle.ledger_id, record):
-            log.warning("pybk write job %s was %s before partition %d's staged ledger %d was reported: deleting it",
-                        job_id, record.outcome.value, partition, handle.ledger_id)
-            await _delete_quietly(bk, handle.ledger_id, opts.password)
+        if await dropped_late(bk, job_id, partition, handle.ledger_id, opts.password):
             return LogStaged(partition, None, 0)
         return LogStaged(partition, handle.ledger_id, records)
     except BaseException:
         if handle is not None:
-            await _delete_quietly(bk, handle.ledger_id, opts.password)
+            await delete_attempt(bk, handle.ledger_id, opts.password)
         raise
-
-
-async def _delete_quietly(bk: "BookKeeper", ledger_id: int, password: bytes) -> None:
-    try:
-        await bk.delete_ledger(ledger_id, password)
-    except Exception as exc:
-        if not is_no_such_ledger(exc):
-            log.warning("pybk write: could not delete staged ledger %d: %s", ledger_id, exc)
 
 
 @dataclass
@@ -304,7 +293,6 @@ async def commit_job(opts: LogWriteOptions, job_id: str, staged: list[LogStaged]
     """Append a job's staged records to the log exactly once, then record the job committed and
     delete the staged ledgers (the module docstring's steps 2 and 3)."""
     from pybk.log import Logs, WriterOptions
-    from .writer import decide, settle
     bk = await client(opts.metadata_uri, opts.security)
     wopts = _ledger_options(opts, job_id)
     record = await bk.store.jobs.get(job_id)
@@ -356,11 +344,6 @@ async def resolve(opts: LogWriteOptions) -> tuple[int, int, int]:
     return ref.config.ensemble, ref.config.write_quorum, ref.config.ack_quorum
 
 
-def _partition_id() -> int:
-    from .writer import _partition_id as pid
-    return pid()
-
-
 class LogBatchWriter(DataSourceArrowWriter):
     """df.write.format('pybk').option('log', ...): tasks stage, the commit appends once."""
 
@@ -381,7 +364,7 @@ class LogBatchWriter(DataSourceArrowWriter):
         return await resolve(self.opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LogStaged:
-        part = _partition_id()
+        part = partition_id()
         tags = commit.pending_tags(self.opts.job_id, part, {LOG_KEY: self.opts.log})
         return run(stage_partition(self.opts, self.geometry, self.columns, iterator, part, self.opts.job_id, tags))
 
@@ -390,7 +373,6 @@ class LogBatchWriter(DataSourceArrowWriter):
         run(commit_job(self.opts, self.opts.job_id, staged, producer_id("job", self.opts.job_id), 0))
 
     def abort(self, messages: list[LogStaged | None]) -> None:
-        from .writer import decide
         ids = [m.ledger_id for m in messages if m is not None and m.ledger_id is not None]
         stored, deleted = run(decide(_ledger_options(self.opts, self.opts.job_id),
                                      JobRecord(self.opts.job_id, JobOutcome.ABORTED), ids))
@@ -411,7 +393,7 @@ class LogStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LogStaged:
         from .sink import _task_batch, stream_job_id, stream_tags
         query_id, batch_id = _task_batch()
-        part = _partition_id()
+        part = partition_id()
         tags = {**stream_tags(query_id, batch_id, part), LOG_KEY: self.opts.log.encode()}
         staged = run(stage_partition(self.opts, self.geometry, self.columns, iterator, part,
                                      stream_job_id(query_id, batch_id), tags))
@@ -444,11 +426,3 @@ def _query_of(messages: Iterable[LogStaged | None], batch_id: int) -> str | None
         raise ValueError(f"pybk streaming sink: tasks reported query/batch {sorted(seen)} for the commit of "
                          f"batch {batch_id}")
     return next(iter(seen))[0]
-
-
-def announce(message: str) -> None:
-    """Say something the user must see (a job id to find the job by): on stderr of the driver's
-    Python worker, which Spark shows, and in the log at INFO."""
-    import sys
-    log.info("%s", message)
-    print(message, file=sys.stderr, flush=True)

@@ -7,6 +7,8 @@ metadata URI and credentials (`client`).
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
@@ -17,6 +19,7 @@ from pybk.security.settings import ClientSecurity
 from .options import OptionError, ReadOptions, WriteOptions
 
 CONNECT_TIMEOUT = 20.0
+_log = logging.getLogger("pybk.spark")
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _CLIENTS: dict[tuple[str, ClientSecurity | None], Any] = {}
@@ -112,3 +115,10 @@ def is_no_such_ledger(exc: BaseException) -> bool:
     from pybk.client.errors import NoSuchLedgerError
     from pybk.meta.errors import NoSuchLedgerError as MetaNoSuchLedgerError
     return isinstance(exc, (NoSuchLedgerError, MetaNoSuchLedgerError))
+
+
+def announce(message: str) -> None:
+    """Say something the user must see (a job id to find the job by): on stderr of the driver's
+    Python worker, which Spark shows, and in the log at INFO."""
+    _log.info("%s", message)
+    print(message, file=sys.stderr, flush=True)

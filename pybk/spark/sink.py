@@ -19,7 +19,7 @@ attempt's ledgers hold its rows (`pybk.meta.job_commit`, rules 1-5):
   Ledgers that task attempts create after the abort stay pending (invisible) until the replay's
   commit or `pybk shell gc-jobs` deletes them.
 
-Shared with the batch writer (`writer`): `LedgerWritten`, `_partition_id`, `_write_partition`
+Shared with the batch writer (`writer`): `LedgerWritten`, `partition_id`, `_write_partition`
 (with the batch's tags), `decide` and `settle` (which use `pybk.meta.job_gc.settle`), and
 `with_cluster_defaults`.
 """
@@ -37,7 +37,7 @@ from pybk.meta.jobs import JobOutcome, JobRecord, check_job_id
 from pybk.meta.job_commit import BATCH_KEY, QUERY_KEY, pending_tags
 from .options import WriteOptions
 from .runtime import client, run
-from .writer import LedgerWritten, _partition_id, _write_partition, decide, settle, with_cluster_defaults
+from .writer import LedgerWritten, partition_id, _write_partition, decide, settle, with_cluster_defaults
 
 log = logging.getLogger("pybk.spark")
 
@@ -161,7 +161,7 @@ class LedgerStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> MicroBatchWritten:
         query_id, batch_id = _task_batch()
-        return run(write_micro_batch_partition(self.opts, self.column, iterator, _partition_id(),
+        return run(write_micro_batch_partition(self.opts, self.column, iterator, partition_id(),
                                                query_id, batch_id))
 
     def commit(self, messages: list[MicroBatchWritten | None], batchId: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
@@ -21,7 +21,10 @@ from pybk.meta.jobs import JobOutcome, JobRecord
 
 from pybk.meta import job_commit as commit, job_gc as gc
 from .options import OptionError, WriteOptions
-from .runtime import client, is_no_such_ledger, run
+from .runtime import announce, client, is_no_such_ledger, run
+
+if TYPE_CHECKING:
+    from pybk.client import BookKeeper
 
 log = logging.getLogger("pybk.spark")
 WRITE_WINDOW = 2048
@@ -51,7 +54,7 @@ class LedgerWritten(WriterCommitMessage):
     entries: int
 
 
-def _partition_id() -> int:
+def partition_id() -> int:
     try:
         from pyspark import TaskContext
         ctx = TaskContext.get()
@@ -103,27 +106,35 @@ async def _write_partition(opts: WriteOptions, column: str, batches: Iterator[pa
         if handle is None:
             return LedgerWritten(partition, None, 0)
         await handle.close()
-        record = await bk.store.jobs.get(opts.job_id)
-        if not commit.late_attempt_keeps(handle.ledger_id, record):
-            log.warning("pybk write job %s was %s without ledger %d of partition %d: deleting it",
-                        opts.job_id, record.outcome.value, handle.ledger_id, partition)
-            await _delete_quietly(bk, handle.ledger_id, opts.password)
+        if await dropped_late(bk, opts.job_id, partition, handle.ledger_id, opts.password):
             return LedgerWritten(partition, None, 0)
         return LedgerWritten(partition, handle.ledger_id, written)
     except BaseException:
         if handle is not None:
-            await _delete_quietly(bk, handle.ledger_id, opts.password)
+            await delete_attempt(bk, handle.ledger_id, opts.password)
         raise
 
 
-async def _delete_quietly(bk, ledger_id: int, password: bytes) -> None:
-    """Delete an attempt's ledger (gone already: the driver's settling was first); failing that,
+async def delete_attempt(bk: "BookKeeper", ledger_id: int, password: bytes) -> None:
+    """Delete a task attempt's ledger (gone already: the driver's settling was first); failing that,
     the garbage collector will (it is pending)."""
     try:
         await bk.delete_ledger(ledger_id, password)
     except Exception as exc:
         if not is_no_such_ledger(exc):
-            log.warning("pybk write: could not delete ledger %d of task attempt: %s", ledger_id, exc)
+            log.warning("pybk write: could not delete ledger %d of a task attempt: %s", ledger_id, exc)
+
+
+async def dropped_late(bk: "BookKeeper", job_id: str, partition: int, ledger_id: int, password: bytes) -> bool:
+    """Whether a task attempt's closed ledger was deleted because its job was decided without it
+    meanwhile (an attempt that outlived the abort or lost to another: `commit.late_attempt_keeps`)."""
+    record = await bk.store.jobs.get(job_id)
+    if commit.late_attempt_keeps(ledger_id, record):
+        return False
+    log.warning("pybk write job %s was %s before partition %d's ledger %d was reported: deleting it",
+                job_id, record.outcome.value, partition, ledger_id)
+    await delete_attempt(bk, ledger_id, password)
+    return True
 
 
 async def _resolve(opts: WriteOptions) -> WriteOptions:
@@ -172,14 +183,13 @@ class LedgerWriter(DataSourceArrowWriter):
     job's other ledgers; abort decides it aborted and deletes them all."""
 
     def __init__(self, opts: WriteOptions, column: str):
-        from .logwriter import announce
         self.opts = run(_resolve(opts))
         self.column = column
         announce(f"pybk write job {self.opts.job_id} starting (E/Qw/Qa {self.opts.ensemble_size}/"
                  f"{self.opts.write_quorum}/{self.opts.ack_quorum}) on {self.opts.metadata_uri}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerWritten:
-        return run(_write_partition(self.opts, self.column, iterator, _partition_id()))
+        return run(_write_partition(self.opts, self.column, iterator, partition_id()))
 
     def commit(self, messages: list[LedgerWritten | None]) -> None:
         ledgers = {m.partition: m.ledger_id for m in messages if m is not None and m.ledger_id is not None}
