@@ -18,7 +18,7 @@ from typing import Any
 from pybk.client.errors import BKError
 from pybk.cluster.bookielog import store as log_store
 from pybk.cluster.bookielog.actions import SetCondition
-from pybk.cluster.bookielog.controller import plan
+from pybk.cluster.bookielog.controller import deletion_note, plan, plan_delete
 from pybk.cluster.bookielog.observed import ClusterState, Observed, SecretState
 from pybk.cluster.bookielog.spec import KIND, BookieLogSpec, SpecError
 from pybk.cluster.bookielog.status import status as build_status
@@ -87,6 +87,22 @@ def store_secrets(path: str | Path, data_dir: Path) -> list[str]:
     return names
 
 
+def delete_secrets(path: str | Path, data_dir: Path) -> list[str]:
+    """Forget every Secret document of the manifest that an earlier apply stored (kubectl delete
+    -f); returns the names removed."""
+    import shutil
+
+    names = []
+    for d in documents(path):
+        name = (d.get("metadata") or {}).get("name") if d.get("kind") == "Secret" else None
+        if isinstance(name, str) and name and "/" not in name and not name.startswith("."):
+            folder = data_dir / "secrets" / name
+            if folder.is_dir():
+                shutil.rmtree(folder)
+                names.append(name)
+    return names
+
+
 def password_of(spec: BookieLogSpec, data_dir: Path) -> tuple[SecretState, bytes | None]:
     """The password from the Secret stored by an earlier (or this) `pybk local apply`."""
     ref = spec.password_secret
@@ -135,14 +151,9 @@ async def apply_one(spec: BookieLogSpec, password: bytes | None, secret: SecretS
 
 def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
     """Apply every BookieLog of the manifest; returns [{name, status}] (status as the operator writes it)."""
-    docs = documents(path)
-    state_path = data_dir / LOGS_JSON
-    try:
-        state = json.loads(state_path.read_text())
-    except (OSError, ValueError):
-        state = {}
+    state = _load_state(data_dir)
     out = []
-    for doc in docs:
+    for doc in documents(path):
         if doc.get("kind") != KIND:
             continue
         try:
@@ -157,9 +168,80 @@ def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
             raise LocalClusterError(f"BookieLog {spec.name}: {e}") from None
         if managed is not None:
             state[key] = managed
-            state_path.write_text(json.dumps(state, indent=2, sort_keys=True))
+            _save_state(data_dir, state)
         out.append({"name": spec.name, "status": st})
     return out
+
+
+def _load_state(data_dir: Path) -> dict[str, int]:
+    """DIR/logs.json: the log id each BookieLog (namespace/name) created or adopted."""
+    try:
+        return json.loads((data_dir / LOGS_JSON).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(data_dir: Path, state: dict[str, int]) -> None:
+    (data_dir / LOGS_JSON).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+async def delete_one(spec: BookieLogSpec, password: bytes | None, secret: SecretState, data_dir: Path,
+                     managed: int | None) -> tuple[bool, str]:
+    """Delete one BookieLog as the operator does (`plan_delete`): (gone, what happened to its log).
+    Not gone while the log must wait (its writer has it open)."""
+    from pybk.client import BookKeeper
+    from pybk.log import Logs
+
+    local = read_client(data_dir)
+    cluster = ClusterState.PRESENT if _cluster_name(data_dir) == spec.cluster else ClusterState.ABSENT
+    async with await BookKeeper.connect(local.metadata_uri, security=local.security) as bk:
+        logs = Logs(bk)
+        found = None
+        if cluster is ClusterState.PRESENT and managed is not None:
+            found = await log_store.observe_log(logs, spec.log, password if secret is SecretState.PRESENT else None)
+        observed = Observed(cluster=cluster, secret=secret, log=found, managed_id=managed,
+                            now_ms=int(time.time() * 1000))
+        actions, wait = plan_delete(spec, observed)
+        if wait is not None:
+            return False, wait.message
+        if actions:
+            await log_store.execute(logs, spec, password, actions, managed)
+    return True, deletion_note(spec, observed)
+
+
+def delete_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
+    """Delete every BookieLog of the manifest (`kubectl delete -f`): each log is retained or deleted
+    as its deletionPolicy says, and forgotten by DIR/logs.json once gone; returns [{name, deleted,
+    message}] (deleted false: it waits, e.g. for its writer, and stays remembered)."""
+    state = _load_state(data_dir)
+    out = []
+    for doc in documents(path):
+        if doc.get("kind") != KIND:
+            continue
+        try:
+            spec = BookieLogSpec.from_manifest(doc, validate=False)
+        except SpecError as e:
+            raise LocalClusterError(f"{path}: {e}") from None
+        key = f"{spec.namespace}/{spec.name}"
+        secret, password = password_of(spec, data_dir)
+        try:
+            gone, message = asyncio.run(delete_one(spec, password, secret, data_dir, state.get(key)))
+        except BKError as e:
+            raise LocalClusterError(f"BookieLog {spec.name}: {e}") from None
+        if gone and state.pop(key, None) is not None:
+            _save_state(data_dir, state)
+        out.append({"name": spec.name, "deleted": gone, "message": message})
+    return out
+
+
+def print_deleted(results: list[dict[str, Any]], output: str) -> int:
+    """Say what happened to each log; 0 if every resource is gone."""
+    if output == "json":
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(f"BookieLog {r['name']}: {'deleted' if r['deleted'] else 'NOT DELETED'} - {r['message']}")
+    return 0 if all(r["deleted"] for r in results) else 1
 
 
 def print_results(results: list[dict[str, Any]], output: str) -> int:

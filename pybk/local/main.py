@@ -94,9 +94,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     apply.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                        help="how long to wait for the change to finish (default %(default)s)")
 
+    delete = sub.add_parser("delete", help="delete the BookieLogs and Secrets of a manifest from a running local "
+                                           "cluster",
+                            description="Delete what a manifest's BookieLog and Secret documents made, as `kubectl "
+                                        "delete -f` does: each log is kept (deletionPolicy Retain) or deleted with "
+                                        "its data (Delete; refused while a writer has the log open: exit 1, run it "
+                                        "again once the writer closed), and stored Secrets are forgotten. Only a "
+                                        "log a BookieLog created or adopted is ever deleted. A BookieCluster is "
+                                        "stopped with `pybk local down`, not deleted.")
+    delete.add_argument("-f", "--file", required=True, metavar="MANIFEST",
+                        help="BookieLog or Secret manifest (YAML), as given to `pybk local apply`")
+    common(delete)
+
 
 def run(args: argparse.Namespace) -> int:
-    handler = {"up": _up, "down": _down, "status": _status, "apply": _apply}[args.local_command]
+    handler = {"up": _up, "down": _down, "status": _status, "apply": _apply, "delete": _delete}[args.local_command]
     try:
         return handler(args)
     except LocalClusterError as e:
@@ -288,6 +300,27 @@ def _apply(args: argparse.Namespace) -> int:
             print(f"stored Secret {', '.join(stored)} in {data_dir / 'secrets'}")
         return logs.print_results(logs.apply_logs(args.file, data_dir), args.output)
     return _apply_cluster(args)
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from . import logs
+
+    data_dir = Path(args.data_dir).resolve()
+    if logs.has_cluster(args.file):
+        raise LocalClusterError(f"{args.file} has a BookieCluster: a local cluster is stopped with "
+                                f"`pybk local down --data-dir {data_dir}` (its data stays in {data_dir})")
+    if not (logs.has_logs(args.file) or logs.has_secrets(args.file)):
+        raise LocalClusterError(f"{args.file} has no BookieLog or Secret to delete")
+    code = 0
+    if logs.has_logs(args.file):
+        if running_supervisor(data_dir) is None:
+            raise LocalClusterError(f"no local cluster is running in {data_dir}; start it with "
+                                    f"`pybk local up --data-dir {data_dir}` to delete its logs")
+        code = logs.print_deleted(logs.delete_logs(args.file, data_dir), args.output)
+    removed = logs.delete_secrets(args.file, data_dir)
+    if removed and args.output == "text":
+        print(f"forgot Secret {', '.join(removed)} (was in {data_dir / 'secrets'})")
+    return code
 
 
 def _apply_cluster(args: argparse.Namespace) -> int:
