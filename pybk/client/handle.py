@@ -276,6 +276,29 @@ class LedgerHandle:
                 t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
 
+    async def publish_lac(self) -> None:
+        """Tell the ensemble's bookies the LAC now and wait for their answers, instead of after
+        `explicit_lac_delay` of idle adds: a writer about to go quiet with no event loop running
+        (a sync caller, a Spark driver between micro-batches) leaves every acked entry readable
+        by tailing readers. A bookie that does not take it is logged; readers then learn the LAC
+        from the others or from the next add."""
+        if self._held is not None:
+            self._release_held()
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+        lac = self._tracker.lac
+        if lac < 0 or self._error is not None or not self.writable:
+            return
+        self._lac_told = max(self._lac_told, lac)
+        live = [(idx, c) for idx, c in enumerate(self._clients) if c is not None and idx not in self._failed]
+        results = await asyncio.gather(*(c.write_lac(self.ledger_id, lac, self.master_key) for _, c in live),
+                                       return_exceptions=True)
+        for (idx, _), r in zip(live, results):
+            if isinstance(r, BaseException):
+                log.info("ledger %d: bookie %s did not take LAC %d: %s", self.ledger_id, self._ensemble[idx], lac, r,
+                         extra={"ledger_id": self.ledger_id})
+
     def _fail(self, error: BKError, quiet: bool = False) -> None:
         """The handle can no longer write: fail every pending and future add with `error` (logged
         as a warning, or with `quiet`, when no add is lost, at info level)."""

@@ -590,13 +590,17 @@ class LogWriter:
     # ---- closing ------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Send the current entry now and wait until everything appended so far is acknowledged."""
+        """Send the current entry now, wait until everything appended so far is acknowledged, and
+        tell the bookies so (the LAC): tailing readers can then read every record appended, even
+        if this writer goes quiet with no event loop running (the sync facade between calls)."""
         self._flush()
         pending = [b.done for b in self._inflight]
         if pending:
             await asyncio.gather(*pending)
         if self._error is not None:
             raise self._error
+        if not self._inflight:
+            await self._seg.lh.publish_lac()
 
     async def close(self) -> None:
         """Flush, close the segment's ledger and seal the segment (the log then has no OPEN

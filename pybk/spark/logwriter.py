@@ -20,6 +20,10 @@ to it. Instead:
    ledger, so the staged ledgers never become visible as ledgers), then the staged ledgers are
    deleted. A replay that finds the record committed appends nothing.
 
+A stream's commit keeps its writer open for the next micro-batch (Spark commits them in the same
+Python worker), so a stream does not seal a segment per micro-batch; a kept writer fenced
+meanwhile is replaced, and the deduplication keeps the append exactly once.
+
 So a micro-batch is appended exactly once across driver kill -9 (the replay completes the
 append), task retries (only reported attempts are appended) and Spark's lost commits (the record
 says it is done). A batch write appends nothing unless every task succeeded; a driver that dies
@@ -59,6 +63,10 @@ ENTRY_BYTES = 64 * 1024             # staged entries, as a log writer packs them
 NO_TIMESTAMP = -1                   # staged: the row had no timestamp (appended with the time of the append)
 FAILPOINT_ENV = "SPARK_PYBK_FAILPOINT"   # tests: "<point>:<marker file>,..." (see `failpoint`)
 STREAM_SEQUENCE_SHIFT = 32          # a stream's sequences: batch id << 32 | record index
+
+# A stream's log writers, kept open between micro-batches in the Python worker that commits them:
+# (metadata URI, credentials, log, producer id) -> writer.
+_KEPT: dict[tuple, "LogWriter"] = {}
 
 
 def armed(point: str) -> str | None:
@@ -288,10 +296,19 @@ async def append_staged(writer: "LogWriter", bk: "BookKeeper", password: bytes, 
     return out
 
 
+async def _close_quietly(writer: "LogWriter") -> None:
+    try:
+        await writer.close()
+    except Exception as exc:   # a fenced or broken writer: nothing of it is needed any more
+        log.info("pybk write: closing a log writer: %s", exc)
+
+
 async def commit_job(opts: LogWriteOptions, job_id: str, staged: list[LogStaged], producer: int,
-                     base: int) -> Appended:
+                     base: int, keep: bool = False) -> Appended:
     """Append a job's staged records to the log exactly once, then record the job committed and
-    delete the staged ledgers (the module docstring's steps 2 and 3)."""
+    delete the staged ledgers (the module docstring's steps 2 and 3). `keep` (a stream's commit):
+    leave the writer open for the next micro-batch (which the same Python worker commits), so a
+    stream does not seal a segment per micro-batch; the next commit opens another if it was fenced."""
     from pybk.log import Logs, WriterOptions
     bk = await client(opts.metadata_uri, opts.security)
     wopts = _ledger_options(opts, job_id)
@@ -305,11 +322,27 @@ async def commit_job(opts: LogWriteOptions, job_id: str, staged: list[LogStaged]
         return Appended()
     done = Appended()
     if any(s.records for s in staged):   # an empty job opens no writer (which would fence and roll the log)
-        writer = await Logs(bk).open_writer(opts.log, password=opts.password,
-                                            options=WriterOptions(producer_id=producer, name=f"spark job {job_id}"))
-        try:
-            done = await append_staged(writer, bk, opts.password, staged, base)
-        finally:
+        key = (opts.metadata_uri, opts.security, opts.log, producer)
+        writer = _KEPT.pop(key, None) if keep else None
+        if writer is not None:
+            try:
+                done = await append_staged(writer, bk, opts.password, staged, base)
+            except Exception as exc:   # fenced meanwhile, or broken: a new writer completes the append
+                log.info("pybk write job %s: the writer kept from the last micro-batch failed (%s); opening another",
+                         job_id, exc)
+                await _close_quietly(writer)
+                writer = None
+        if writer is None:
+            writer = await Logs(bk).open_writer(opts.log, password=opts.password,
+                                                options=WriterOptions(producer_id=producer, name=f"spark job {job_id}"))
+            try:
+                done = await append_staged(writer, bk, opts.password, staged, base)
+            except BaseException:
+                await _close_quietly(writer)
+                raise
+        if keep:   # append_staged flushed: readers see the whole micro-batch while the writer waits
+            _KEPT[key] = writer
+        else:
             await writer.close()
     stored, _ = await decide(wopts, JobRecord(job_id, JobOutcome.COMMITTED, frozenset()),
                              [s.ledger_id for s in staged if s.ledger_id is not None])
@@ -405,7 +438,7 @@ class LogStreamWriter(DataSourceStreamArrowWriter):
         if query_id is None:
             return
         run(commit_job(self.opts, stream_job_id(query_id, batchId), [m for m in messages if m is not None],
-                       producer_id("query", query_id), batchId << STREAM_SEQUENCE_SHIFT))
+                       producer_id("query", query_id), batchId << STREAM_SEQUENCE_SHIFT, keep=True))
 
     def abort(self, messages: list[LogStaged | None], batchId: int) -> None:
         from .sink import abort_micro_batch

@@ -23,3 +23,21 @@ def test_scripts_write_and_read_a_log_without_asyncio(cluster):
         assert logs.list() == ["s"] and logs.end_offset("s") == 3
         logs.delete("s", password=PW)
         assert logs.list() == []
+
+
+def test_a_flushed_writer_that_goes_quiet_leaves_every_record_readable(cluster):
+    """A sync writer's event loop runs only during its calls, so the client's idle timer that
+    tells bookies the LAC never fires between them (here it would wait an hour): flush tells them,
+    and another client reads to the end while the writer holds the log open."""
+    from pybk.client.bookkeeper import ClientOptions
+
+    uri, _ = cluster
+    with BookKeeper.connect(uri, ClientOptions(explicit_lac_delay=3600)) as bk, BookKeeper.connect(uri) as other:
+        logs = Logs(bk)
+        logs.create("quiet", password=PW)
+        with logs.open_writer("quiet", password=PW) as w:
+            w.append_many([b"a", b"b"])
+            w.append(b"c")
+            w.flush()
+            assert Logs(other).end_offset("quiet") == 3
+            assert [r.payload for r in Logs(other).read("quiet")] == [b"a", b"b", b"c"]

@@ -309,6 +309,10 @@ async def test_stream_sink_appends_each_micro_batch_once_across_driver_kill_and_
     want = await log_records(logs, "in")
     assert [(r.offset, r.key, r.payload, r.timestamp) for r in got] == [
         (r.offset, r.key, r.payload, r.timestamp) for r in want]
+    # the killed driver's segment, then one for all four micro-batches of the second driver: its
+    # writer stays open between them, with every record readable meanwhile
+    segments = (await logs.describe("out")).segments
+    assert [(s.state.value, s.first_offset) for s in segments] == [("CLOSED", 0), ("OPEN", 50)]
 
     async def none_staged():
         return not await staged_ledgers(bk)
