@@ -73,6 +73,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     f"({int(total * (1 - used)) >> 30} GiB free now)", returncode=3)
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     assign(items)
 

@@ -37,7 +37,8 @@ def shared_fixture(item: pytest.Item) -> str | None:
     definitions = item._fixtureinfo.name2fixturedefs
     shared = [(_WIDTH.index(defs[-1].scope), f"{defs[-1].baseid}:{name}")
               for name in item.fixturenames if name not in _SESSION_WIDE
-              for defs in [definitions.get(name)] if defs and defs[-1].scope in _WIDTH]
+              for defs in [definitions.get(name)]
+              if defs and defs[-1].scope in _WIDTH and defs[-1].baseid]   # a plugin's (baseid ""): not ours
     return min(shared)[1] if shared else None
 
 
@@ -51,6 +52,19 @@ def assign(items: list[pytest.Item]) -> None:
             group = shared_fixture(item)
             if group:
                 item.add_marker(pytest.mark.xdist_group(group))
+                _name_group(item, group)
+
+
+def _name_group(item: pytest.Item, group: str) -> None:
+    """On an xdist worker with `--dist loadgroup`, put the group in the node id ("<id>@<group>"),
+    which is where the controller reads it. xdist 3.8 does this itself by setting `item._nodeid`,
+    which pytest 9 no longer reads (a node id is its `_id`), so without this every group was
+    silently ignored."""
+    if not item.config.getvalue("loadgroup") or not hasattr(item, "_id") or "@" in item.nodeid:
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def service_program(argv) -> str | None:
