@@ -14,7 +14,10 @@ dictionary-encode nor compress the copy.
 With --log, the data is a named log of --record-size records (100 bytes: many records per entry)
 instead, scanned with option log (columns log, offset, timestamp, key, payload); the 1 KiB-entry
 ledger comparison (--ledger-size) runs after it in the same session, so both ratios are printed
-side by side, with records (rows) per second.
+side by side, with records (rows) per second. --columns payload reads the log through a narrower
+schema (the one column the aggregate needs, as Parquet's scan reads); --floor times a Python source
+that yields ready-made batches of the same columns (built once per Python worker), so the ratio
+left between the two is the read's.
 """
 from __future__ import annotations
 
@@ -69,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --log --vs-parquet: also time a Python data source that only yields ready-made "
                              "Arrow batches of the log scan's columns (Spark's own cost for that schema) against "
                              "Parquet")
+    parser.add_argument("--columns", default=None,
+                        help="with --log: scan only these log columns, comma-separated (e.g. payload), given "
+                             "to Spark as the read's schema; the floor source (--floor) yields the same ones")
     parser.add_argument("--bytes-per-partition", default=None,
                         help="with --log: the source's bytesPerPartition (default: the source's default)")
     parser.add_argument("--ledger-size", default="256MiB",
@@ -134,14 +140,25 @@ async def _write_log(uri: str, args: argparse.Namespace, total: int) -> tuple[in
     return n, time.perf_counter() - started
 
 
+def _columns_schema(args: argparse.Namespace) -> str | None:
+    """The DDL schema of --columns (None: the source's own)."""
+    from pybk.spark.logscan import LOG_COLUMNS
+    if not args.columns:
+        return None
+    return ", ".join(f"{c.strip()} {LOG_COLUMNS[c.strip()][0]}" for c in args.columns.split(","))
+
+
 def _log_frame(spark, uri: str, args: argparse.Namespace):
     r = spark.read.format("pybk").option("metadataServiceUri", uri).option("log", LOG_NAME)
+    if _columns_schema(args):
+        r = r.schema(_columns_schema(args))
     if args.bytes_per_partition:
         r = r.option("bytesPerPartition", str(_size(args.bytes_per_partition)))
     return r.load()
 
 
 FLOOR_BATCH_ROWS = 35_840   # one 4 MiB sub-range of 100-byte records, as the log scan hands Spark
+FLOOR_BATCHES: dict = {}    # the floor source's one batch, per Python worker (at most one kept)
 
 
 def _floor_source(rows: int, record_size: int, partitions: int):
@@ -150,24 +167,35 @@ def _floor_source(rows: int, record_size: int, partitions: int):
     with no reading at all."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-    from pybk.spark.logscan import LOG_SCHEMA, Columns
+    from pybk.spark.logscan import LOG_SCHEMA, Columns, projection
 
     class Part(InputPartition):
         def __init__(self, rows: int):
             self.rows = rows
 
     class Reader(DataSourceReader):
+        def __init__(self, schema):
+            self.schema = projection(schema)
+
         def partitions(self):
             return [Part(rows // partitions + (1 if i < rows % partitions else 0)) for i in range(partitions)]
 
         def read(self, part):
-            from pybk.log import codec
-            b = codec.BatchBuilder()
-            b.add_many([os.urandom(record_size) for _ in range(FLOOR_BATCH_ROWS)], 1_700_000_000_000)
-            body = b.build(0)
-            cols = Columns(LOG_NAME, False)
-            cols.add_chunk(body, [0, len(body)], 0, 0, 1 << 62)
-            batch = cols.batch()
+            from pybk.bench import spark as bench   # imported: its cache outlives the task
+            from pybk.spark.runtime import freeze_once
+            key = (record_size, self.schema)
+            if key not in bench.FLOOR_BATCHES:   # built once per Python worker, as a reader's client is
+                from pybk.log import codec
+                blob = os.urandom(FLOOR_BATCH_ROWS * record_size)
+                b = codec.BatchBuilder()
+                b.add_many([blob[i:i + record_size] for i in range(0, len(blob), record_size)], 1_700_000_000_000)
+                body = b.build(0)
+                cols = Columns(LOG_NAME, self.schema)
+                cols.add_chunk(body, [0, len(body)], 0, 0, 1 << 62)
+                bench.FLOOR_BATCHES.clear()
+                bench.FLOOR_BATCHES[key] = cols.batch()
+            batch = bench.FLOOR_BATCHES[key]
+            freeze_once()   # as the pybk scan does (runtime.drive)
             left = part.rows
             while left > 0:
                 yield batch if left >= batch.num_rows else batch.slice(0, left)
@@ -182,7 +210,7 @@ def _floor_source(rows: int, record_size: int, partitions: int):
             return LOG_SCHEMA
 
         def reader(self, schema):
-            return Reader()
+            return Reader(schema)
     return Floor
 
 
@@ -327,6 +355,14 @@ def _print(label: str, result: dict, args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from pybk.spark.session import JavaMissingError, local_session
     total = _size(args.size or ("256MiB" if args.vs_parquet else "1GiB"))
+    if args.columns:
+        from pybk.spark.logscan import LOG_COLUMNS
+        names = [c.strip() for c in args.columns.split(",")]
+        unknown = [c for c in names if c not in LOG_COLUMNS]
+        if unknown or not args.log or (args.aggregate == "sum-length" and "payload" not in names):
+            print(f"pybk bench spark: --columns takes log columns ({', '.join(LOG_COLUMNS)}) with --log, and "
+                  f"payload among them unless --aggregate count; got {args.columns!r}", file=sys.stderr)
+            return 2
     runs = max(1, args.runs or (5 if args.vs_parquet else 2))
     command = "pybk bench spark " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("spark") + 1:]) \
         if "spark" in sys.argv else "pybk bench spark"
@@ -373,8 +409,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             for what, w in written.items():
                 if what == "floor":
-                    got = _compare(spark, spark.read.format("pybk-bench-floor").load(), w[0], w[1], runs, meter, args,
-                                   True)
+                    floor = spark.read.format("pybk-bench-floor")
+                    if _columns_schema(args):
+                        floor = floor.schema(_columns_schema(args))
+                    got = _compare(spark, floor.load(), w[0], w[1], runs, meter, args, True)
                     if isinstance(got, str):
                         print(f"pybk bench spark: {got}", file=sys.stderr)
                         return 1

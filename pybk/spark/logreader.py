@@ -235,10 +235,11 @@ class LogPlanner:
         return self.split(ranges)
 
 
-def read_log(opts: LogReadOptions, part: InputPartition, include_producer: bool) -> Iterator[pa.RecordBatch]:
-    """One partition's batches (executor side); a segment deleted since planning is data loss."""
+def read_log(opts: LogReadOptions, part: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """One partition's batches of these columns (executor side); a segment deleted since planning
+    is data loss."""
     try:
-        yield from read_log_partition(opts.metadata_uri, opts.security, part, include_producer)
+        yield from read_log_partition(opts.metadata_uri, opts.security, part, schema)
     except Exception as exc:
         if not is_no_such_ledger(exc) or not isinstance(part, LogPartition):
             raise
@@ -273,9 +274,9 @@ def include_producer(opts: LogReadOptions) -> bool:
 class LogBatchReader(DataSourceReader):
     """A batch scan of logs from startingOffsets (or a time) to endingOffsets."""
 
-    def __init__(self, opts: LogReadOptions, producer: bool):
+    def __init__(self, opts: LogReadOptions, schema: pa.Schema):
         self.opts = opts
-        self.producer = producer
+        self.schema = schema   # the Arrow schema of the batches (logscan.projection)
 
     def partitions(self) -> Sequence[InputPartition]:
         with cause_first():
@@ -292,7 +293,7 @@ class LogBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return cause_first_iter(read_log(self.opts, partition, self.producer))
+        return cause_first_iter(read_log(self.opts, partition, self.schema))
 
 
 class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -302,9 +303,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     is the end of a batch Spark has finished (Spark commits a batch's source offsets only when it
     plans the next batch, so the last batch of an AvailableNow run would otherwise never be)."""
 
-    def __init__(self, opts: LogReadOptions, producer: bool):
+    def __init__(self, opts: LogReadOptions, schema: pa.Schema):
         self.opts = opts
-        self.producer = producer
+        self.schema = schema   # the Arrow schema of the batches (logscan.projection)
         self.planner = LogPlanner(opts)
         self._target: dict[str, int] | None = None
         self._states: dict[str, LogState] = {}
@@ -383,7 +384,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return await self.planner.plan(bounds, states)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return cause_first_iter(read_log(self.opts, partition, self.producer))
+        return cause_first_iter(read_log(self.opts, partition, self.schema))
 
     def commit(self, end: dict) -> None:
         if self.opts.cursor is None:

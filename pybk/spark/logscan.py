@@ -15,18 +15,32 @@ from typing import AsyncIterator, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
 
 from pybk.log import codec
 from pybk.security.settings import ClientSecurity
 
+from .options import OptionError
 from .runtime import client, drive
 from .schema import TIMESTAMP
 
 ARROW_BATCH_BYTES = 4 << 20   # entry bytes per sub-range read (one Arrow batch)
 PREFETCH = 4                  # sub-ranges of one partition read concurrently
 
-LOG_SCHEMA = "log string, offset long, timestamp timestamp, key binary, payload binary"
-PRODUCER_SCHEMA = LOG_SCHEMA + ", producer_id long, sequence long"
+# every column a log scan can hand Spark: name -> (DDL type, Spark type name, Arrow type, may be null)
+LOG_COLUMNS: dict[str, tuple[str, str, pa.DataType, bool]] = {
+    "log": ("string", "StringType", pa.string(), False),
+    "offset": ("long", "LongType", pa.int64(), False),
+    "timestamp": ("timestamp", "TimestampType", TIMESTAMP, False),
+    "key": ("binary", "BinaryType", pa.binary(), True),
+    "payload": ("binary", "BinaryType", pa.binary(), False),
+    "producer_id": ("long", "LongType", pa.int64(), True),
+    "sequence": ("long", "LongType", pa.int64(), True),
+}
+BASE_COLUMNS = ("log", "offset", "timestamp", "key", "payload")
+PRODUCER_COLUMNS = BASE_COLUMNS + ("producer_id", "sequence")
+LOG_SCHEMA = ", ".join(f"{n} {LOG_COLUMNS[n][0]}" for n in BASE_COLUMNS)
+PRODUCER_SCHEMA = ", ".join(f"{n} {LOG_COLUMNS[n][0]}" for n in PRODUCER_COLUMNS)
 
 
 def log_schema(include_producer: bool) -> str:
@@ -36,10 +50,30 @@ def log_schema(include_producer: bool) -> str:
 
 def log_arrow_schema(include_producer: bool) -> pa.Schema:
     """The Arrow schema of a log scan's batches (matches log_schema)."""
-    fields = [pa.field("log", pa.string()), pa.field("offset", pa.int64()), pa.field("timestamp", TIMESTAMP),
-              pa.field("key", pa.binary()), pa.field("payload", pa.binary())]
-    if include_producer:
-        fields += [pa.field("producer_id", pa.int64()), pa.field("sequence", pa.int64())]
+    return pa.schema([pa.field(n, LOG_COLUMNS[n][2]) for n in (PRODUCER_COLUMNS if include_producer
+                                                                else BASE_COLUMNS)])
+
+
+def projection(schema: StructType) -> pa.Schema:
+    """The Arrow schema of the batches for the schema Spark asks for: the source's own, or one the
+    user gave with `spark.read.schema(...)` naming some of the log columns, in any order (Spark's
+    Python data sources get every column of the schema, so a narrower schema is how a query that
+    needs a few columns keeps the others from ever reaching the JVM). An unknown column, a wrong
+    type or a column that may be null declared NOT NULL is an OptionError."""
+    fields = []
+    for f in schema.fields:
+        spec = LOG_COLUMNS.get(f.name)
+        if spec is None:
+            raise OptionError(f"schema: {f.name!r} is not a column of a log scan (columns: "
+                              f"{', '.join(PRODUCER_COLUMNS)})")
+        ddl, spark_type, arrow_type, nullable = spec
+        if type(f.dataType).__name__ != spark_type:
+            raise OptionError(f"schema: column {f.name} is {ddl}, not {f.dataType.simpleString()}")
+        if nullable and not f.nullable:
+            raise OptionError(f"schema: column {f.name} may be null; declare it nullable")
+        fields.append(pa.field(f.name, arrow_type, f.nullable))
+    if len({f.name for f in fields}) < len(fields) or not fields:
+        raise OptionError("schema: name each log column at most once, and at least one")
     return pa.schema(fields)
 
 
@@ -139,13 +173,17 @@ def decode_chunk(buf: bytes, bounds: Sequence[int]) -> tuple[np.ndarray, ...]:
 
 
 class Columns:
-    """Builds the Arrow columns of the records of many entries (a few numpy operations per chunk of
-    entries, one concatenation per column per batch)."""
+    """Builds the Arrow columns of `schema` (a projection of the log columns) for the records of
+    many entries: a few numpy operations per chunk of entries, one concatenation per column per
+    batch; a column the schema leaves out is never built."""
 
-    def __init__(self, log: str, include_producer: bool):
+    def __init__(self, log: str, schema: pa.Schema):
         self.log = log.encode()
-        self.schema = log_arrow_schema(include_producer)
-        self.include_producer = include_producer
+        self.schema = schema
+        names = set(schema.names)
+        self.want_keys = "key" in names
+        self.want_ts = "timestamp" in names
+        self.want_producer = bool(names & {"producer_id", "sequence"})
         self.reset()
 
     def reset(self) -> None:
@@ -183,44 +221,49 @@ class Columns:
             self.payloads += regions
         else:
             k, p = _split_keys(np.frombuffer(b"".join(regions), np.uint8), kpos, plen)
-            self.keys.append(k)
+            if self.want_keys:
+                self.keys.append(k)
             self.payloads.append(p)
         self.offsets.append(offsets)
-        self.ts.append(ts)
+        if self.want_ts:
+            self.ts.append(ts)
         self.klen.append(klen)
         self.plen.append(plen)
-        if self.include_producer:
+        if self.want_producer:
             self.producer.append(producers[entry_of])
             first_seq = sequences[entry_of]
             self.sequence.append(np.where(first_seq == codec.NO_SEQUENCE, first_seq,
                                           first_seq + index - firsts[entry_of]))
         self.rows += z - a
 
+    def _column(self, name: str, n: int) -> pa.Array:
+        """One column of the batch of the n records added."""
+        if name == "payload":
+            return _binary(np.concatenate(self.plen), b"".join(self.payloads))
+        if name == "offset":
+            return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.concatenate(self.offsets))])
+        if name == "timestamp":
+            return pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(np.concatenate(self.ts) * 1000)])
+        if name == "log":
+            offsets = np.arange(0, (n + 1) * len(self.log), len(self.log), dtype=np.int32)
+            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(self.log * n)])
+        if name == "key":
+            if not self.keys:
+                return pa.nulls(n, pa.binary())
+            klen = np.concatenate(self.klen)
+            return _binary(np.maximum(klen, 0), b"".join(memoryview(k) for k in self.keys), klen >= 0)
+        if name == "producer_id":
+            producer = np.concatenate(self.producer)
+            return pa.array(producer, mask=producer == 0)
+        sequence = np.concatenate(self.sequence)
+        return pa.array(sequence, mask=sequence == codec.NO_SEQUENCE)
+
     def batch(self) -> pa.RecordBatch | None:
         """The records added since the last batch, as one Arrow record batch (None: no record)."""
         n = self.rows
         if not n:
             return None
-        klen = np.concatenate(self.klen)
-        plen = np.concatenate(self.plen)
-        offsets = np.zeros(n + 1, np.int32)
-        offsets[1:] = len(self.log)
-        np.cumsum(offsets, out=offsets)
-        logs = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(self.log * n)])
-        ts = pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(np.concatenate(self.ts) * 1000)])
-        valid = klen >= 0
-        if self.keys:
-            keys = _binary(np.maximum(klen, 0), b"".join(memoryview(k) for k in self.keys), valid)
-        else:
-            keys = pa.nulls(n, pa.binary())
-        payload = _binary(plen, b"".join(self.payloads))
-        cols = [logs, pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.concatenate(self.offsets))]), ts,
-                keys, payload]
-        if self.include_producer:
-            producer = np.concatenate(self.producer)
-            sequence = np.concatenate(self.sequence)
-            cols.append(pa.array(producer, mask=producer == 0))
-            cols.append(pa.array(sequence, mask=sequence == codec.NO_SEQUENCE))
+        cols = [self._column(name, n) for name in self.schema.names]
         self.reset()
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
@@ -231,14 +274,14 @@ def sub_range(entry_bytes: float) -> int:
 
 
 async def _read_log_batches(uri: str, security: ClientSecurity | None, part: LogPartition,
-                            include_producer: bool) -> AsyncIterator[pa.RecordBatch]:
+                            schema: pa.Schema) -> AsyncIterator[pa.RecordBatch]:
     """One partition's records as Arrow batches, in offset order; PREFETCH sub-ranges in flight."""
     from pybk.client import reader as ledger_reader
     bk = await client(uri, security)
     md = await bk.ledger_metadata(part.ledger_id)
 
     async def fetch(first: int, last: int) -> pa.RecordBatch | None:
-        cols = Columns(part.log, include_producer)
+        cols = Columns(part.log, schema)
         async for chunk in ledger_reader.read_chunks(bk, md, part.password, first, last):
             cols.add_chunk(chunk.buffer, chunk.offsets, part.seg_first, part.lo, part.hi)
         return cols.batch()
@@ -268,11 +311,12 @@ async def _read_log_batches(uri: str, security: ClientSecurity | None, part: Log
 
 
 def read_log_partition(uri: str, security: ClientSecurity | None, part: InputPartition,
-                       include_producer: bool) -> Iterator[pa.RecordBatch]:
-    """Synchronous iterator of one partition's record batches (an empty plan's partition: none)."""
+                       schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Synchronous iterator of one partition's record batches of these columns (an empty plan's
+    partition: none)."""
     if not isinstance(part, LogPartition):
         return iter(())
-    return drive(lambda: _read_log_batches(uri, security, part, include_producer))
+    return drive(lambda: _read_log_batches(uri, security, part, schema))
 
 
 def split_entries(first: int, last: int, entry_bytes: float, bytes_per_partition: int,

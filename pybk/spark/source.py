@@ -24,7 +24,8 @@ from .writer import LedgerWriter, payload_column
 
 class LedgerDataSource(DataSource):
     """format('pybk'): ledgers as rows (ledger_id, entry_id, payload[, ledger_metadata]), or with
-    option log, named logs as rows (log, offset, timestamp, key, payload[, producer_id, sequence])."""
+    option log, named logs as rows (log, offset, timestamp, key, payload[, producer_id, sequence]),
+    or only the log columns a schema given to the read names (logscan.projection)."""
 
     @classmethod
     def name(cls) -> str:
@@ -42,16 +43,16 @@ class LedgerDataSource(DataSource):
         with cause_first():
             if is_log_options(self.options):
                 from .logreader import LogBatchReader
-                return LogBatchReader(with_credentials(LogReadOptions.parse(self.options)),
-                                      "producer_id" in schema.fieldNames())
+                from .logscan import projection
+                return LogBatchReader(with_credentials(LogReadOptions.parse(self.options)), projection(schema))
             return LedgerBatchReader(with_credentials(ReadOptions.parse(self.options)))
 
     def streamReader(self, schema: StructType):
         with cause_first():
             if is_log_options(self.options):
                 from .logreader import LogStreamReader
-                return LogStreamReader(with_credentials(LogReadOptions.parse(self.options)),
-                                       "producer_id" in schema.fieldNames())
+                from .logscan import projection
+                return LogStreamReader(with_credentials(LogReadOptions.parse(self.options)), projection(schema))
             return LedgerStreamReader(with_credentials(ReadOptions.parse(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool):

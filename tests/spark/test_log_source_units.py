@@ -9,7 +9,8 @@ import pytest
 
 from pybk.log import codec
 from pybk.spark.logoptions import LogReadOptions, LogWriteOptions, parse_logs
-from pybk.spark.logscan import Columns, decode_chunk, pieces_of, split_entries
+from pybk.spark.logscan import (Columns, decode_chunk, log_arrow_schema, pieces_of, projection,
+                                split_entries)
 from pybk.spark.logwriter import producer_id
 from pybk.spark.options import OptionError
 
@@ -62,7 +63,7 @@ def test_a_chunk_decodes_to_the_records_codec_decodes_cut_to_the_offset_range():
     buf, bounds, bodies = entries(spec)
     want = [r for body in bodies for r in codec.decode(body).records(codec.decode(body).header.first_index + 50)]
     for lo, hi in ((50, 63), (52, 61), (54, 55), (60, 99)):
-        cols = Columns("x", True)
+        cols = Columns("x", log_arrow_schema(True))
         cols.add_chunk(buf, bounds, 50, lo, hi)
         batch = cols.batch()
         got = [(r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["payload"], r["producer_id"], r["sequence"])
@@ -94,3 +95,45 @@ def test_partitions_are_cut_by_bytes_and_then_to_the_minimum_count():
 def test_producer_ids_are_stable_positive_and_distinct_per_job_and_query():
     a, b = producer_id("job", "j1"), producer_id("query", "j1")
     assert a == producer_id("job", "j1") and a != b and 0 < a < 1 << 63 and 0 < b < 1 << 63
+
+
+def _struct(ddl: str):
+    """A StructType of 'name type[ not null], ...' (the few types used here; no JVM needed)."""
+    from pyspark.sql import types as T
+    kinds = {"string": T.StringType(), "long": T.LongType(), "int": T.IntegerType(), "binary": T.BinaryType(),
+             "timestamp": T.TimestampType(), "timestamp_ntz": T.TimestampNTZType()}
+    fields = []
+    for item in ddl.split(", "):
+        name, kind, *rest = item.split()
+        fields.append(T.StructField(name, kinds[kind], nullable=rest != ["not", "null"]))
+    return T.StructType(fields)
+
+
+def test_a_narrower_schema_builds_only_its_columns_in_its_order():
+    spec = [[(b"p%d" % i, (b"k%d" % i) if i % 2 else None, 1000 + i) for i in range(n)] for n in (3, 4)]
+    buf, bounds, _ = entries(spec, first=50)
+    full = Columns("x", projection(_struct("log string, offset long, timestamp timestamp, key binary, "
+                                          "payload binary, producer_id long, sequence long")))
+    assert full.schema == log_arrow_schema(True)
+    full.add_chunk(buf, bounds, 0, 51, 56)
+    want = full.batch()
+    for ddl in ("payload binary", "sequence long, payload binary, offset long", "key binary", "log string",
+                "timestamp timestamp, producer_id long"):
+        cols = Columns("x", projection(_struct(ddl)))
+        cols.add_chunk(buf, bounds, 0, 51, 56)
+        got = cols.batch()
+        assert got.schema.names == [f.split()[0] for f in ddl.split(", ")]
+        assert got.equals(want.select(got.schema.names)), ddl
+
+
+@pytest.mark.parametrize("ddl, error", [
+    ("payload binary, ledger_id long", "'ledger_id' is not a column of a log scan"),
+    ("payload string", "column payload is binary, not string"),
+    ("offset int", "column offset is long, not int"),
+    ("timestamp timestamp_ntz", "column timestamp is timestamp, not timestamp_ntz"),
+    ("key binary not null", "column key may be null; declare it nullable"),
+    ("payload binary, payload binary", "at most once"),
+])
+def test_a_schema_a_log_scan_cannot_fill_is_refused_naming_the_column(ddl, error):
+    with pytest.raises(OptionError, match=error):
+        projection(_struct(ddl))

@@ -98,6 +98,30 @@ async def test_batch_read_by_name_and_pattern_with_positions_and_partitions(spar
     assert await in_thread(spark, rows, read(spark, uri, "audit", startingOffsets="latest")) == []
 
 
+async def test_a_narrower_schema_reads_only_its_columns_and_one_it_cannot_fill_is_refused(spark, cluster, tmp_path):
+    """spark.read.schema(...) naming some log columns, in any order: the scan (batch or stream)
+    builds only those."""
+    uri, bk, logs = cluster
+    await fill(logs, "narrow", 300, roll_every=120, producer=5)
+    r = spark.read.format("pybk").option("metadataServiceUri", uri).option("log", "narrow")
+    df = r.schema("payload binary, offset long, sequence long").option("bytesPerPartition", "3000").load()
+    assert df.columns == ["payload", "offset", "sequence"]
+    got = await in_thread(spark, lambda: sorted((r.offset, bytes(r.payload), r.sequence) for r in df.collect()))
+    assert got == [(i, body("narrow", i), i) for i in range(300)]
+    with pytest.raises(Exception, match="schema: column payload is binary, not string"):
+        await in_thread(spark, r.schema("offset long, payload string").load().collect)
+    sink = Collector()
+
+    def stream():
+        query = (spark.readStream.format("pybk").schema("payload binary, offset long, log string")
+                 .option("metadataServiceUri", uri).option("log", "narrow").load().writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return query
+    await in_thread(spark, stream)
+    assert sink.rows() == [("narrow", i, body("narrow", i)) for i in range(300)]
+
+
 async def test_batch_read_starts_at_a_time_and_reports_truncated_offsets(spark, cluster):
     uri, bk, logs = cluster
     await fill(logs, "clicks", 300, roll_every=100, timestamps=[1_000_000 + 10 * i for i in range(300)])
