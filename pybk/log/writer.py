@@ -226,6 +226,7 @@ class LogWriter:
         self._index = 0                       # the next record's index within the segment
         self._batch: _Batch | None = None
         self._linger: asyncio.TimerHandle | None = None
+        self._sent_at = -1e9                  # when the last entry was sent (the loop's clock)
         self._inflight: set[_Batch] = set()   # sent, not yet acknowledged
         self._error: BaseException | None = None
         self._failing: asyncio.Task | None = None
@@ -379,9 +380,13 @@ class LogWriter:
         return range(first, first + n)
 
     def _start_batch(self, seq: int) -> _Batch:
+        """A new entry: sent once full, else `linger` after the previous entry was sent (at the
+        next turn of the loop if that is past: a record after a pause goes at once, and entries
+        sent by the linger are at most one per `linger`)."""
         b = self._batch = _Batch(self._index, self._producer, seq, self._loop.create_future(), self._seg)
-        linger = self.options.linger
-        self._linger = (self._loop.call_later(linger, self._flush) if linger > 0 else self._loop.call_soon(self._flush))
+        loop = self._loop
+        wait = self._sent_at + self.options.linger - loop.time()
+        self._linger = loop.call_later(wait, self._flush) if wait > 0 else loop.call_soon(self._flush)
         return b
 
     def _flush(self) -> None:
@@ -408,6 +413,7 @@ class LogWriter:
         seg.last_append = time.monotonic()
         b.builder = None   # the bytes live in the ledger handle's pending add now
         self._inflight.add(b)
+        self._sent_at = self._loop.time()
         seg.lh.add_entry_async(body).add_done_callback(lambda f, b=b: self._on_entry(b, f))
         self._maybe_roll()
 
