@@ -283,7 +283,7 @@ class BookieService(rpc.BookieServicer):
         body = b""
         if lac >= 0:
             try:
-                body = self.bookie.read_entry(request.ledger_id, lac) or b""
+                body = bytes(self.bookie.read_entry(request.ledger_id, lac) or b"")
             except BookieStorageError:
                 body = b""
         return pb.ReadLacResponse(status=pb.OK, lac=lac, last_entry_body=body)
@@ -335,12 +335,12 @@ class Undecodable:
         self.message = f"undecodable {method} request: {reason}"
 
 
-def _lenient(method: str, message_type, sized: bool = False):
-    """A deserializer that answers Undecodable instead of raising; with sized, it gives
-    (message, its size on the wire)."""
+def _lenient(method: str, parse, sized: bool = False):
+    """A deserializer (by `parse`: a message type's FromString, or wire.read_add_batch) that answers
+    Undecodable instead of raising; with sized, it gives (message, its size on the wire)."""
     def deserialize(data: bytes):
         try:
-            message = message_type.FromString(data)
+            message = parse(data)
         except DecodeError as exc:
             return Undecodable(method, str(exc))
         return (message, len(data)) if sized else message
@@ -399,7 +399,9 @@ def _methods(service: BookieService) -> list[Method]:
     for m in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
         request_type, response_type = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
         kind = Kind.BIDI if m.client_streaming else Kind.SERVER_STREAM if m.server_streaming else Kind.UNARY
-        methods.append(Method(f"/pybk.Bookie/{m.name}", kind, _lenient(m.name, request_type, m.client_streaming),
+        # an Add batch's bodies stay in the bytes received (wire.read_add_batch): no copy of them
+        parse = wire.read_add_batch if m.name == "Add" else request_type.FromString
+        methods.append(Method(f"/pybk.Bookie/{m.name}", kind, _lenient(m.name, parse, m.client_streaming),
                               wire.serializer(response_type),
                               _checked(m.name, getattr(service, m.name), m.client_streaming,
                                        service.bookie.metrics.grpc_errors)))
