@@ -20,7 +20,6 @@ from pybk.proto.wire import ADD_RUNS_HEADER, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_
 from pybk.security.settings import ClientSecurity
 from pybk.transport.ngh2_client import CLOSED_AT_ONCE, ClientStream
 
-_NO_SIZES = np.zeros(0, np.int64)
 _ENTRY_OVERHEAD = 64  # bytes an AddEntry adds to its body on the wire (ids, key, flags), rounded up
 ADD_METHOD = "/pybk.Bookie/Add"
 KEEPALIVE = (10.0, 5.0)  # seconds of silence before a PING, then seconds for its answer
@@ -488,7 +487,7 @@ class BookieClient:
         return await self._read_lac_call(req, timeout + self.timeout)
 
     async def follow_lac(self, ledger_id: int, previous: int, timeout: float
-                         ) -> AsyncIterator[tuple[int, int, bytes, np.ndarray]]:
+                         ) -> AsyncIterator[tuple[int, int, bytes, list[int]]]:
         """The bookie's LAC each time it passes the last one told (`previous` first), with the
         entries after that one it holds up to the new LAC (readLastAddConfirmedAndEntry, one call
         for every LAC of `timeout` seconds): (LAC, the first entry's id, their bodies back to back,
@@ -503,10 +502,10 @@ class BookieClient:
             async for res in call:
                 if res.status != pb.OK:
                     raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
-                if res.body_sizes:
-                    yield res.lac, res.first_body_entry, res.bodies, np.array(res.body_sizes, np.int64)
+                if res.body_sizes:   # (a few sizes: a list costs less than an array)
+                    yield res.lac, res.first_body_entry, res.bodies, list(res.body_sizes)
                 else:
-                    yield res.lac, res.lac + 1, b"", _NO_SIZES
+                    yield res.lac, res.lac + 1, b"", []
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
         finally:

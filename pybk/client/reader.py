@@ -9,8 +9,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
-import numpy as np
-
 from pybk.client.bookie_client import Status
 from pybk.entry import DigestMismatch, decode, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
@@ -374,7 +372,7 @@ async def wait_lac(bk: "BookKeeper", md: LedgerMetadata, previous: int, timeout:
 
 
 async def follow_lac(bk: "BookKeeper", md: LedgerMetadata, bookie: str, previous: int, timeout: float
-                     ) -> AsyncIterator[tuple[int, int, bytes, np.ndarray]]:
+                     ) -> AsyncIterator[tuple[int, int, bytes, list[int]]]:
     """One bookie's LAC at each rise past `previous`, with the entries it holds after the LAC it
     told before, for `timeout` seconds (BookieClient.follow_lac: their bodies unverified, see
     verified_payloads)."""

@@ -161,7 +161,7 @@ class SegmentView:
         skip = known + 1 - first
         if 0 <= skip < len(sizes) and self.ahead.bytes < AHEAD_BYTES:
             if skip:
-                bodies, sizes = bodies[int(sizes[:skip].sum()):], sizes[skip:]
+                bodies, sizes = bodies[sum(sizes[:skip]):], sizes[skip:]
             self.ahead.put(known + 1, ledger_reader.verified_payloads(self.logs.bk, self.md, self.password, bookie,
                                                                       bodies, sizes, known + 1, 1)[0])
         self.moved.set()
