@@ -21,7 +21,8 @@ Each round measures, on one cluster:
 With `--peer-nats` JetStream R3 (`sync_interval: always`, `publish_async` with at most
 --peer-window pending) publishes the same number of 100-byte messages in the same round, and the
 ratio pybk / JetStream of records/s is printed. `--repeat N` runs N rounds (fresh clusters) and
-prints each, the medians and the goals met or missed. Prints the exact command.
+prints each, the medians and the goals met or missed. `--only` runs some of the measurements
+(the goals of those alone are checked). Prints the exact command.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 PASSWORD = b"bench-log"
 RECORD = 100
 KIB = 1024
+# what --only may choose: each a measurement of a round (with the ledger run it is compared with)
+PARTS = ("pipelined", "append-many", "kib", "end-to-end", "takeover", "etcd", "segments")
 
 EPILOG = """\
 goals (docs/logs.md; checked on the medians):
@@ -83,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-window", type=int, default=1024,
                         help="JetStream publish_async max pending (default 1024)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N", help="rounds (default 1; 5 published)")
+    parser.add_argument("--only", action="append", choices=PARTS, metavar="PART",
+                        help="run only this measurement (repeatable): " + ", ".join(PARTS) +
+                             "; kib includes the ledger path at window 256, end-to-end the window-1 adds "
+                             "(default: all)")
     parser.add_argument("-o", "--output", choices=["human", "json"], default="human",
                         help="human-readable lines (default) or one JSON object")
     parser.epilog = EPILOG
@@ -143,27 +150,32 @@ async def main(uri, name, n):
         r = await Logs(bk).open_reader(name, start="latest")
         print(json.dumps({"start": r.position}), flush=True)
         arrivals = []
+        cpu = None
         async for rec in r:
+            if cpu is None:
+                cpu = time.process_time()
             arrivals.append((rec.offset, time.perf_counter()))
             if len(arrivals) == n:
                 break
+        cpu = time.process_time() - cpu
         await r.close()
-    print(json.dumps(arrivals), flush=True)
+    print(json.dumps({"arrivals": arrivals, "cpu": cpu}), flush=True)
 eventloop.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
 async def end_to_end(logs: "Logs", uri: str, name: str, n: int, rate: int,
-                     linger: float = 0.001) -> tuple[float, list[float]]:
+                     linger: float | None = None) -> tuple[float, list[float], float]:
     """n records at `rate`/s; each one's delay from append_nowait in this process to a tailing
     reader in another (a consumer is rarely its producer's process; both read the same monotonic
-    clock, CLOCK_MONOTONIC)."""
+    clock, CLOCK_MONOTONIC); (seconds, delays, the reader's CPU seconds from its first record on)."""
     from pybk.log import WriterOptions
     perf = time.perf_counter
     reader = subprocess.Popen([sys.executable, "-c", READER_CHILD, uri, name, str(n)], stdout=subprocess.PIPE)
     try:
         start = json.loads(await asyncio.wait_for(asyncio.to_thread(reader.stdout.readline), 60))["start"]
-        w = await logs.open_writer(name, password=PASSWORD, options=WriterOptions(linger=linger))
+        options = WriterOptions() if linger is None else WriterOptions(linger=linger)   # None: the defaults
+        w = await logs.open_writer(name, password=PASSWORD, options=options)
         if w.next_offset != start:
             raise RuntimeError(f"the reader starts at {start}, the writer at {w.next_offset}")
         sent = [0.0] * n
@@ -183,7 +195,28 @@ async def end_to_end(logs: "Logs", uri: str, name: str, n: int, rate: int,
     finally:
         reader.kill()
         reader.wait()
-    return seconds, [at - sent[offset - start] for offset, at in json.loads(line)]
+    got = json.loads(line)
+    return seconds, [at - sent[offset - start] for offset, at in got["arrivals"]], got["cpu"]
+
+
+async def end_to_end_runs(uri: str, logs: "Logs", named: Callable[[str], str], args: argparse.Namespace) -> list[dict]:
+    """The end-to-end rows: the default configuration, then one tuned for latency."""
+    from pybk.client import BookKeeper
+    from pybk.client.bookkeeper import ClientOptions
+    from pybk.log import Logs
+    await logs.create(named("e2e"), password=PASSWORD)
+    n = args.latency_records
+    seconds, lat, cpu = await end_to_end(logs, uri, named("e2e"), n, args.rate)
+    out = [summary(f"log end-to-end append -> tailing reader at {args.rate}/s", n, RECORD, seconds, lat,
+                   reader_cpu_us_per_record=round(cpu / n * 1e6, 1))]
+    # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
+    async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
+        tlogs = Logs(tuned)
+        await tlogs.create(named("e2e-tuned"), password=PASSWORD)
+        seconds, lat, cpu = await end_to_end(tlogs, uri, named("e2e-tuned"), n, args.rate, linger=0)
+    out.append(summary(f"log end-to-end at {args.rate}/s, linger 0, explicit LAC 1 ms", n, RECORD, seconds, lat,
+                       reader_cpu_us_per_record=round(cpu / n * 1e6, 1)))
+    return out
 
 
 TAKEOVER_CHILD = """
@@ -274,7 +307,6 @@ def _row(name: str, n: int, size: int, seconds: float, lat: list[float], cpu: fl
 async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[dict]:
     """Every run of a round on the cluster at uri (see the module docstring)."""
     from pybk.client import BookKeeper
-    from pybk.client.bookkeeper import ClientOptions
     from pybk.log import Logs
 
     from .write import bench_writes
@@ -296,37 +328,32 @@ async def measure(uri: str, pids: list[int], args: argparse.Namespace) -> list[d
                 cpu, bcpu = time.process_time() - cpu0, cpu_seconds(pids) - bcpu0
             return _row(label, n, size, seconds, lat, cpu, bcpu if pids else None)
 
-        out.append(await timed("log 100 B pipelined", named("pipelined"), pipelined, args.records, RECORD))
-        out.append(await timed("log 100 B append_many", named("many"), many, args.many_records, RECORD))
-        out.append(await timed("log 1 KiB pipelined", named("kib"), pipelined, args.kib_records, KIB))
+        parts = set(args.only or PARTS)
+        if "pipelined" in parts:
+            out.append(await timed("log 100 B pipelined", named("pipelined"), pipelined, args.records, RECORD))
+        if "append-many" in parts:
+            out.append(await timed("log 100 B append_many", named("many"), many, args.many_records, RECORD))
         ledger = argparse.Namespace(ensemble=3, write_quorum=3, ack_quorum=2, size=KIB, entries=args.kib_records,
                                     window1_entries=args.latency_records)
-        out += await bench_writes(uri, pids, ledger, [256])
-        ledger.size = RECORD
-        out += await bench_writes(uri, pids, ledger, [1], label=" 100 B")
-
-        await logs.create(named("e2e"), password=PASSWORD)
-        seconds, lat = await end_to_end(logs, uri, named("e2e"), args.latency_records, args.rate)
-        out.append(summary(f"log end-to-end append -> tailing reader at {args.rate}/s", args.latency_records,
-                           RECORD, seconds, lat))
-        # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
-        async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
-            tlogs = Logs(tuned)
-            await tlogs.create(named("e2e-tuned"), password=PASSWORD)
-            seconds, lat = await end_to_end(tlogs, uri, named("e2e-tuned"), args.latency_records, args.rate,
-                                            linger=0)
-        out.append(summary(f"log end-to-end at {args.rate}/s, linger 0, explicit LAC 1 ms", args.latency_records,
-                           RECORD, seconds, lat))
-
-        await logs.create(named("takeover"), password=PASSWORD)
-        times = sorted(await takeovers(logs, uri, named("takeover"), args.takeovers))
-        out.append({"run": "log forced takeover: open_writer -> first ack", "takeovers": len(times),
-                    "p50_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(times[-1] * 1000, 1)})
-        out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, named("idle"))})
-        written, opened, found = await open_many_segments(logs, named("segments"), args.segments)
-        out.append({"run": f"log open of {args.segments} segments", "segments": args.segments,
-                    "open_writer_ms": round(opened * 1000, 1), "find_segment_ms": round(found * 1000, 1),
-                    "etcd_write_s": round(written, 1)})
+        if "kib" in parts:
+            out.append(await timed("log 1 KiB pipelined", named("kib"), pipelined, args.kib_records, KIB))
+            out += await bench_writes(uri, pids, ledger, [256])
+        if "end-to-end" in parts:
+            ledger.size = RECORD
+            out += await bench_writes(uri, pids, ledger, [1], label=" 100 B")
+            out += await end_to_end_runs(uri, logs, named, args)
+        if "takeover" in parts:
+            await logs.create(named("takeover"), password=PASSWORD)
+            times = sorted(await takeovers(logs, uri, named("takeover"), args.takeovers))
+            out.append({"run": "log forced takeover: open_writer -> first ack", "takeovers": len(times),
+                        "p50_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(times[-1] * 1000, 1)})
+        if "etcd" in parts:
+            out.append({"run": "log etcd bytes per idle log", "bytes": await idle_log_bytes(logs, named("idle"))})
+        if "segments" in parts:
+            written, opened, found = await open_many_segments(logs, named("segments"), args.segments)
+            out.append({"run": f"log open of {args.segments} segments", "segments": args.segments,
+                        "open_writer_ms": round(opened * 1000, 1), "find_segment_ms": round(found * 1000, 1),
+                        "etcd_write_s": round(written, 1)})
     return out
 
 
@@ -342,6 +369,8 @@ def ratios(results: list[dict]) -> list[dict]:
     peer = next((r for r in results if r["run"].startswith("nats-jetstream")), None)
     if peer:
         for name in ("log 100 B pipelined", "log 100 B append_many"):
+            if name not in by:
+                continue
             out.append({"run": f"{name} / JetStream", "peer": peer["run"],
                         "throughput_ratio": round(by[name]["entries_per_s"] / peer["entries_per_s"], 3),
                         "p50_ratio": None})
@@ -352,7 +381,7 @@ def one_round(args: argparse.Namespace) -> list[dict]:
     from .write import cluster
     with cluster(args) as (uri, pids):
         results = eventloop.run(measure(uri, pids, args))
-    if args.peer_nats:
+    if args.peer_nats and {"pipelined", "append-many"} & set(args.only or PARTS):   # their peer
         from .peer_nats import run_jetstream
         results += run_jetstream([(args.peer_window, args.records)], RECORD, args.dir)
     return results + ratios(results)
@@ -391,37 +420,46 @@ def goals(middle: list[dict]) -> list[str]:
     def check(text: str, value: float | None, ok: bool | None) -> None:
         verdict = "n/a" if value is None or ok is None else ("met" if ok else "MISSED")
         lines.append(f"{text}: {verdict}")
-    jet = by.get("log 100 B pipelined / JetStream")
-    check(f"100 B pipelined >= 10x JetStream records/s ({jet['throughput_ratio']:.2f}x)" if jet else
-          "100 B pipelined >= 10x JetStream records/s (run with --peer-nats)",
-          jet and jet["throughput_ratio"], jet and jet["throughput_ratio"] >= 10)
+    pipelined_row, jet = by.get("log 100 B pipelined"), by.get("log 100 B pipelined / JetStream")
+    if pipelined_row:
+        check(f"100 B pipelined >= 10x JetStream records/s ({jet['throughput_ratio']:.2f}x)" if jet else
+              "100 B pipelined >= 10x JetStream records/s (run with --peer-nats)",
+              jet and jet["throughput_ratio"], jet and jet["throughput_ratio"] >= 10)
     m = by.get("log 100 B append_many")
-    check(f"append_many >= 1,000,000 records/s ({m['entries_per_s']:,.0f})", m["entries_per_s"],
-          m["entries_per_s"] >= 1_000_000)
+    if m:
+        check(f"append_many >= 1,000,000 records/s ({m['entries_per_s']:,.0f})", m["entries_per_s"],
+              m["entries_per_s"] >= 1_000_000)
     k = by.get("log 1 KiB / ledger window=256")
-    check(f"1 KiB records/s >= ledger entries/s ({k['throughput_ratio']:.2f}x)", k["throughput_ratio"],
-          k["throughput_ratio"] >= 1)
-    w1 = next(r for n, r in by.items() if n.endswith("window=1 100 B"))
+    if k:
+        check(f"1 KiB records/s >= ledger entries/s ({k['throughput_ratio']:.2f}x)", k["throughput_ratio"],
+              k["throughput_ratio"] >= 1)
+    w1 = next((r for n, r in by.items() if n.endswith("window=1 100 B")), None)
     for e2e in (r for n, r in by.items() if n.startswith("log end-to-end")):
         how = "" if "linger 0" not in e2e["run"] else " (linger 0, explicit LAC 1 ms)"
         check(f"end-to-end{how} p50 {e2e['p50_ms']:.2f} ms within 2 ms of window-1 add p50 {w1['p50_ms']:.2f} ms",
               e2e["p50_ms"], e2e["p50_ms"] <= w1["p50_ms"] + 2)
         check(f"end-to-end{how} p99 {e2e['p99_ms']:.2f} ms <= 10 ms", e2e["p99_ms"], e2e["p99_ms"] <= 10)
-    t = by["log forced takeover: open_writer -> first ack"]
-    check(f"takeover p50 {t['p50_ms']:.1f} ms <= 100 ms", t["p50_ms"], t["p50_ms"] <= 100)
-    b = by["log etcd bytes per idle log"]
-    check(f"etcd bytes per idle log {b['bytes']:.0f} <= 1024", b["bytes"], b["bytes"] <= 1024)
-    o = next(r for n, r in by.items() if n.startswith("log open of"))
-    check(f"open_writer of a log of {o['segments']} segments {o['open_writer_ms']:.1f} ms <= 1000 ms",
-          o["open_writer_ms"], o["open_writer_ms"] <= 1000)
+    t = by.get("log forced takeover: open_writer -> first ack")
+    if t:
+        check(f"takeover p50 {t['p50_ms']:.1f} ms <= 100 ms", t["p50_ms"], t["p50_ms"] <= 100)
+    b = by.get("log etcd bytes per idle log")
+    if b:
+        check(f"etcd bytes per idle log {b['bytes']:.0f} <= 1024", b["bytes"], b["bytes"] <= 1024)
+    o = next((r for n, r in by.items() if n.startswith("log open of")), None)
+    if o:
+        check(f"open_writer of a log of {o['segments']} segments {o['open_writer_ms']:.1f} ms <= 1000 ms",
+              o["open_writer_ms"], o["open_writer_ms"] <= 1000)
     return lines
 
 
 def format_row(r: dict) -> str:
     from .write import format_result
     if "entries_per_s" in r or "peer" in r:
-        return format_result(r).replace(" entries ", " records ").replace("entries/s", "records/s") \
-            if r["run"].startswith("log") else format_result(r)
+        if not r["run"].startswith("log"):
+            return format_result(r)
+        line = format_result(r).replace(" entries ", " records ").replace("entries/s", "records/s")
+        return line + (f"; reader CPU per record {r['reader_cpu_us_per_record']} us"
+                       if "reader_cpu_us_per_record" in r else "")
     return r["run"] + ": " + ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("run", "rounds")
                                        and not k.endswith("_rounds"))
 

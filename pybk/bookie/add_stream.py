@@ -11,7 +11,7 @@ from typing import AsyncIterator, Callable
 
 from pybk.entry import HEADER_SIZE
 from pybk.proto import pb
-from pybk.proto.wire import ADD_RUNS_HEADER
+from pybk.proto.wire import ADD_RUNS_HEADER, AddBatchView
 from pybk.security.roles import Operation, Principal
 
 from .adds import AddRun, runs_of
@@ -59,7 +59,7 @@ class AddStream:
         self.principal, self.denied = self.authorize()
         self.keyless = self.principal is not None and self.principal.may(Operation.KEYLESS_RECOVERY)
 
-    async def run(self, request_iterator: AsyncIterator[tuple[pb.AddBatch, int]]) -> None:
+    async def run(self, request_iterator: AsyncIterator[tuple[AddBatchView, int]]) -> None:
         """Take batches and answer them until the client is done and every answer is sent."""
         await self.context.send_initial_metadata(((ADD_RUNS_HEADER, "1"),))
         task = asyncio.get_running_loop().create_task(self._read(request_iterator))
@@ -77,7 +77,7 @@ class AddStream:
         finally:
             task.cancel()
 
-    async def _read(self, request_iterator: AsyncIterator[tuple[pb.AddBatch, int]]) -> None:
+    async def _read(self, request_iterator: AsyncIterator[tuple[AddBatchView, int]]) -> None:
         try:
             async for batch, nbytes in request_iterator:
                 self.outstanding += 1
@@ -86,7 +86,7 @@ class AddStream:
             self.eof = True
             self.done.put_nowait(None)
 
-    async def _take(self, batch: pb.AddBatch, nbytes: int, received: float) -> None:
+    async def _take(self, batch: AddBatchView, nbytes: int, received: float) -> None:
         """Refuse a batch, or add it and answer it once durable."""
         metrics = self.bookie.metrics
         if self.denied:
@@ -149,15 +149,17 @@ class AddStream:
         self.done.put_nowait(results(batch, layout, errors, error, metrics))
 
 
-def unpack(batch: pb.AddBatch) -> tuple[list[AddRun], list]:
+def unpack(batch: "pb.AddBatch | AddBatchView") -> tuple[list[AddRun], list]:
     """The runs add_runs takes for a batch: its AddEntry messages (grouped), then its packed
     runs, and the layout `results` answers by: [its AddEntry count, then per packed run its
-    first index among the runs' entries or the reason it is malformed, ..., the entry count]."""
+    first index among the runs' entries or the reason it is malformed, ..., the entry count].
+    The entries of runs read by wire.read_add_batch are views of the bytes received."""
     runs = runs_of(batch.entries)
     n = len(batch.entries)
     layout: list = [n]
-    for r in batch.runs:
-        ids, sizes, buf = list(r.entry_ids), list(r.body_sizes), r.bodies
+    bodies = batch.bodies if isinstance(batch, AddBatchView) else [r.bodies for r in batch.runs]
+    for r, buf in zip(batch.runs, bodies):
+        ids, sizes = list(r.entry_ids), list(r.body_sizes)
         why = _malformed(r.ledger_id, ids, sizes, len(buf))
         if why:
             layout.append(why)
@@ -189,7 +191,7 @@ def _malformed(ledger: int, ids: list[int], sizes: list[int], nbytes: int) -> st
     return ""
 
 
-def _refuse_all(batch: pb.AddBatch, status: int, message: str, metrics) -> pb.AddResults:
+def _refuse_all(batch: "pb.AddBatch | AddBatchView", status: int, message: str, metrics) -> pb.AddResults:
     """Every entry of the batch refused with one status (access denied, over a cap)."""
     out = pb.AddResults()
     add = out.results.add

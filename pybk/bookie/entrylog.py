@@ -24,7 +24,7 @@ import google_crc32c
 import numpy as np
 
 from .index import KEY, LOCATION
-from .journal import _IOV_MAX, MAX_BODY, fsync_dir, require_room
+from .journal import _IOV_MAX, MAX_BODY, crc32c_extend, fsync_dir, require_room
 
 LOG_RECORD = struct.Struct(">IIQq")
 LOG_HEADER = LOG_RECORD.size  # 24
@@ -34,9 +34,9 @@ _RECORD_POS = np.arange(LOG_HEADER)
 _IDS = struct.Struct(">Qq")
 
 
-def record_crc(ledger: int, entry: int, body: bytes) -> int:
+def record_crc(ledger: int, entry: int, body: bytes | memoryview) -> int:
     """The CRC32C stored with a record: over its ledger and entry ids and its body."""
-    return google_crc32c.extend(google_crc32c.value(_IDS.pack(ledger, entry)), body)
+    return crc32c_extend(google_crc32c.value(_IDS.pack(ledger, entry)), body)
 
 
 class EntryLogCorruptError(OSError):

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import google_crc32c
+import numpy as np
 
 from pybk.config import option_field
 
@@ -153,13 +154,18 @@ FILE_HEADER_SIZE = RECORD_HEADER + _PREALLOC.size
 _ZERO_HEADER = bytes(RECORD_HEADER)
 
 
-def encode_run(ledger: int, entry_ids: Sequence[int], sizes: Sequence[int], bodies: bytes) -> list[bytes]:
+def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
+    """google_crc32c.extend, for views too (entry bodies left in the bytes an Add batch came in):
+    it takes bytes and arrays but no memoryview."""
+    return google_crc32c.extend(crc, np.frombuffer(data, np.uint8) if type(data) is memoryview else data)
+
+
+def encode_run(ledger: int, entry_ids: Sequence[int], sizes: Sequence[int], bodies: bytes | memoryview) -> list:
     """One ADD_RUN record of `ledger`'s entries (ids, body sizes, the bodies back to back) as the
     parts Journal.append takes; the bodies are passed on, not copied."""
     n = len(entry_ids)
     index = struct.pack(f">{n}q{n}I", *entry_ids, *sizes)
-    crc = google_crc32c.extend(google_crc32c.extend(google_crc32c.value(_CRC_PART.pack(_ADD_RUN, ledger, n)), index),
-                               bodies)
+    crc = crc32c_extend(google_crc32c.extend(google_crc32c.value(_CRC_PART.pack(_ADD_RUN, ledger, n)), index), bodies)
     return [RECORD.pack(len(index) + len(bodies), crc, _ADD_RUN, ledger, n), index, bodies]
 
 

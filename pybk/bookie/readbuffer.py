@@ -39,7 +39,16 @@ class ReadBuffer:
     async def reserve(self, nbytes: int) -> bool:
         """Room for an answer of up to nbytes, taken before the answer is built; False if none
         was found within the timeout (the caller answers TOO_MANY_REQUESTS). `send` gives it back."""
-        if self.used and self.used + nbytes > self.limit and not await self._room(nbytes):
+        if self.try_reserve(nbytes):
+            return True
+        if not await self._room(nbytes):
+            return False
+        self.used += nbytes
+        return True
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """Room for an answer of up to nbytes if there is some now (no waiting), else False."""
+        if self.used and self.used + nbytes > self.limit:
             return False
         self.used += nbytes
         return True

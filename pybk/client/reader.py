@@ -103,6 +103,19 @@ def _raise_read_failure(ledger_id: int, entry_id: int, errors: list[tuple[str, B
     raise BookieUnavailableError(f"no replica of entry {entry_id} of ledger {ledger_id} could be read ({detail})")
 
 
+def verified_payloads(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, bodies: bytes,
+                      sizes, first: int, step: int) -> tuple[list[bytes], bool]:
+    """(the payloads of the verified bodies, True if all were intact): entries first, first + step,
+    ... packed as `bookie` sent them; a corrupt one is counted and logged, and ends the list."""
+    payloads, bad = verify_packed(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
+    if bad is not None:
+        bk.digest_mismatches += 1
+        log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
+                    md.ledger_id, first + len(payloads) * step, bookie, bad,
+                    extra={"ledger_id": md.ledger_id, "bookie": bookie})
+    return payloads, bad is None
+
+
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
                         step: int = 1) -> list[list[bytes]]:
     """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all), verified,
@@ -120,16 +133,11 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
         first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
             while first == a + got * step:
-                payloads, bad = verify_packed(bodies, sizes[:count - got], first, step, md.ledger_id,
-                                              md.digest_type, password)
+                payloads, intact = verified_payloads(bk, md, password, bookie, bodies, sizes[:count - got], first, step)
                 if payloads:
                     out.append(payloads)
                     got += len(payloads)
-                if bad is not None:
-                    bk.digest_mismatches += 1
-                    log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
-                                md.ledger_id, first + len(payloads) * step, bookie, bad,
-                                extra={"ledger_id": md.ledger_id, "bookie": bookie})
+                if not intact:
                     break
                 if got == count:
                     break
@@ -361,3 +369,16 @@ async def wait_lac(bk: "BookKeeper", md: LedgerMetadata, previous: int, timeout:
     if learn(-1) <= previous and len(errors) == len(tasks):
         raise BookieUnavailableError(f"ledger {lid}: no bookie of {md.fragments[-1].bookies} answered the "
                                      f"LAC long-poll ({'; '.join(errors)})")
+
+
+async def follow_lac(bk: "BookKeeper", md: LedgerMetadata, bookie: str, previous: int, timeout: float
+                     ) -> AsyncIterator[tuple[int, int, bytes, list[int]]]:
+    """One bookie's LAC at each rise past `previous`, with the entries it holds after the LAC it
+    told before, for `timeout` seconds (BookieClient.follow_lac: their bodies unverified, see
+    verified_payloads)."""
+    return (await _client(bk, bookie)).follow_lac(md.ledger_id, previous, timeout)
+
+
+def absent(exc: BaseException) -> bool:
+    """Whether an error is a bookie's answer that it holds no such ledger or entry."""
+    return status_of(exc) in _ABSENT

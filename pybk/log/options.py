@@ -110,8 +110,9 @@ class WriterOptions:
     stamped with the producer's next sequence number (or the `sequence=` given to append), and a
     sequence already stored is not stored again."""
 
-    batch_bytes: int = 64 * 1024        # flush an entry once its records reach this size
-    linger: float = 0.001               # or this long after its first record
+    batch_bytes: int = 64 * 1024        # send an entry once its records reach this size
+    linger: float = 0.001               # or this long after its first record (at once if that came linger/2
+                                        # or more after the previous record)
     producer_id: int | None = None
     max_producers: int = 1000           # producers whose last sequence is remembered (least recent dropped)
     producer_idle: float = 6 * 3600.0   # forget a producer whose last record is older (seconds)

@@ -29,8 +29,45 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybk.log")
 
 LONG_POLL = 10.0     # seconds one LAC long-poll waits at most (then the metadata is looked at again)
-POLL_RETRY = 0.5     # seconds before a long-poll no bookie answered is tried again
+POLL_RETRY = 0.5     # seconds before a LAC follow stream that failed is opened again
+AHEAD_BYTES = 4 << 20   # entries that came with the LAC kept for the reader at most (the rest it reads)
 TAIL_STREAM_MIN = 2  # entries read as one streamed range: a tail wakes to a few new entries at a time
+
+
+class Ahead:
+    """Entries that came with a LAC and are not handed out yet: the payloads of entries `first`,
+    `first` + 1, ... (`bytes` of them; the followers add none beyond AHEAD_BYTES)."""
+
+    __slots__ = ("first", "payloads", "bytes")
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.payloads: list[bytes] = []
+        self.bytes = 0
+
+    def put(self, first: int, payloads: list[bytes]) -> None:
+        """Keep payloads of entries first, first + 1, ...: after those held if they follow them,
+        else instead of them."""
+        if self.payloads and first == self.first + len(self.payloads):
+            self.payloads += payloads
+            self.bytes += sum(map(len, payloads))
+        elif payloads:
+            self.first, self.payloads = first, list(payloads)
+            self.bytes = sum(map(len, payloads))
+
+    def take(self, first: int, last: int) -> list[bytes]:
+        """The payloads of entries first.. up to `last` held here (none unless `first` is), which
+        are then dropped with those before them."""
+        k = first - self.first
+        if not 0 <= k < len(self.payloads):
+            if k >= len(self.payloads):
+                self.payloads, self.bytes = [], 0
+            return []
+        n = min(len(self.payloads) - k, last - first + 1)
+        out = self.payloads[k:k + n]
+        self.first, self.payloads = first + n, self.payloads[k + n:]
+        self.bytes = sum(map(len, self.payloads))
+        return out
 
 
 class SegmentView:
@@ -43,6 +80,10 @@ class SegmentView:
         self.md = md
         self.password = password
         self.lac = segment.last_entry if segment.state is SegmentState.CLOSED else -1
+        self.ahead = Ahead()                  # entries that came with the LAC
+        self.moved = asyncio.Event()          # the LAC rose, or every follower failed
+        self.failing: set[str] = set()        # bookies whose follow stream failed last
+        self._followers: dict[str, asyncio.Task] = {}
 
     @classmethod
     async def open(cls, logs: "Logs", segment: Segment, password: bytes) -> "SegmentView":
@@ -60,6 +101,7 @@ class SegmentView:
         self.segment = segment
         if segment.state is not SegmentState.OPEN:
             self.lac = segment.last_entry
+            self.stop()
 
     async def refresh_lac(self) -> int:
         if not self.closed:
@@ -75,9 +117,60 @@ class SegmentView:
             self.lac = lac
         return self.lac
 
-    async def wait_lac(self, timeout: float) -> None:
-        """Long-poll the bookies for a LAC above the one known (returns at `timeout` regardless)."""
-        await ledger_reader.wait_lac(self.logs.bk, self.md, self.lac, timeout, self._learn)
+    def follow(self) -> None:
+        """Follow the LAC on each bookie of the last fragment (readLastAddConfirmedAndEntry with
+        no call per LAC: each bookie answers every rise of its LAC with the entries after the one
+        it told before, and `moved` is set). A follower opens its stream again when it ends; this
+        starts the ones missing (all at first, or after the ensemble changed)."""
+        if self.closed:
+            return
+        bookies = self.md.fragments[-1].bookies
+        for bookie in [b for b in self._followers if b not in bookies]:
+            self._followers.pop(bookie).cancel()
+            self.failing.discard(bookie)
+        for bookie in bookies:
+            if bookie not in self._followers:
+                self._followers[bookie] = asyncio.ensure_future(self._follow(bookie))
+
+    async def _follow(self, bookie: str) -> None:
+        while True:
+            try:
+                async for lac, first, bodies, sizes in await ledger_reader.follow_lac(
+                        self.logs.bk, self.md, bookie, self.lac, LONG_POLL):
+                    self.failing.discard(bookie)
+                    self._take(bookie, lac, first, bodies, sizes)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not ledger_reader.absent(e):   # a ledger no entry reached yet: follow on
+                    if bookie not in self.failing:
+                        log.info("segment %d (ledger %d): following the LAC on %s: %s", self.segment.seq,
+                                 self.segment.ledger_id, bookie, e)
+                    self.failing.add(bookie)
+                    if self.failing.issuperset(self._followers):
+                        self.moved.set()
+                    await asyncio.sleep(POLL_RETRY)
+
+    def _take(self, bookie: str, lac: int, first: int, bodies: bytes, sizes) -> None:
+        """A follower's answer: a LAC above the one known is learnt, with the entries after that
+        one among those that came (their digests checked here); an answer behind is dropped."""
+        known = self.lac
+        if lac <= known or self.closed:
+            return
+        self._learn(lac)
+        skip = known + 1 - first
+        if 0 <= skip < len(sizes) and self.ahead.bytes < AHEAD_BYTES:
+            if skip:
+                bodies, sizes = bodies[sum(sizes[:skip]):], sizes[skip:]
+            self.ahead.put(known + 1, ledger_reader.verified_payloads(self.logs.bk, self.md, self.password, bookie,
+                                                                      bodies, sizes, known + 1, 1)[0])
+        self.moved.set()
+
+    def stop(self) -> None:
+        """Stop following (the reader is done with this segment, or it is sealed)."""
+        for t in self._followers.values():
+            t.cancel()
+        self._followers.clear()
 
     async def entry(self, entry_id: int) -> bytes:
         try:
@@ -89,9 +182,15 @@ class SegmentView:
                                                 self.md.ensemble_for(entry_id))
 
     async def entries(self, first: int, last: int) -> AsyncIterator[tuple[int, bytes]]:
-        """(entry id, body) for first..last, streamed. The metadata is read again only when a read
-        fails (the writer may have replaced a bookie since), then the rest is read once more."""
+        """(entry id, body) for first..last: those that came with the LAC (`ahead`), the rest
+        streamed. The metadata is read again only when a read fails (the writer may have
+        replaced a bookie since), then the rest is read once more."""
         eid = first
+        for body in self.ahead.take(first, last):
+            yield eid, body
+            eid += 1
+        if eid > last:
+            return
         for attempt in range(2):
             try:
                 async for chunk in ledger_reader.read_chunks(self.logs.bk, self.md, self.password, eid, last,
@@ -289,10 +388,13 @@ class LogReader:
             if seg.state is SegmentState.TRUNCATED:
                 await self._check_start(self.position)
             view = self._view = await self._open_view(seg)
-            async for rec in self._read_segment(view):
-                yield rec
-                if self.end is not None and self.position >= self.end:
-                    return
+            try:
+                async for rec in self._read_segment(view):
+                    yield rec
+                    if self.end is not None and self.position >= self.end:
+                        return
+            finally:
+                view.stop()
             seg = await self._next_segment(view.segment)
 
     async def _open_view(self, seg: Segment) -> SegmentView:
@@ -315,7 +417,7 @@ class LogReader:
                     return
                 await self._wait_more(view)
         while True:
-            if entry <= view.lac:
+            if entry <= view.lac:   # (the LAC may rise while these are handed out: then on at once)
                 async for _, body in view.entries(entry, view.lac):
                     batch = codec.decode(body)
                     first = view.segment.first_offset + batch.header.first_index
@@ -325,27 +427,32 @@ class LogReader:
                         self.position = rec.offset + 1
                         yield rec
                     entry += 1
-            if view.closed and entry > view.lac:
+            elif view.closed:
                 return
-            await self._wait_more(view)
+            else:
+                await self._wait_more(view)
 
     async def _wait_more(self, view: SegmentView) -> None:
-        """At the head of an OPEN segment: until its LAC moves or its key changes."""
+        """At the head of an OPEN segment: until its LAC moves (its bookies' follow streams tell,
+        with the entries) or its key changes; LONG_POLL at most, then the metadata is looked at
+        again."""
         lac = view.lac
         await self._start_watch()
-        poll = asyncio.ensure_future(view.wait_lac(LONG_POLL))
-        change = asyncio.ensure_future(self._changed.wait())
-        try:
-            await asyncio.wait({poll, change}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (poll, change):
-                if not t.done():
-                    t.cancel()
-        failed = poll.done() and not poll.cancelled() and poll.exception() is not None
-        if failed:   # no bookie answers: look again after a pause, or at once when the segment changes
-            log.info("log %s: LAC long-poll: %s", self.name, poll.exception())
-            await self._wait_change(POLL_RETRY)
-        if change.done() or view.lac == lac:
+        view.follow()
+        view.moved.clear()
+        if view.lac == lac and not self._changed.is_set():
+            moved = asyncio.ensure_future(view.moved.wait())
+            change = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait({moved, change}, timeout=LONG_POLL, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (moved, change):
+                    if not t.done():
+                        t.cancel()
+        if view.lac == lac and view.failing and view.failing.issuperset(view.md.fragments[-1].bookies):
+            log.info("log %s: no bookie of segment %d tells its LAC now", self.name, view.segment.seq)
+            await self._wait_change(POLL_RETRY)   # look again after a pause, or at once when the segment changes
+        if self._changed.is_set() or view.lac == lac:
             self._changed.clear()
             seg = await self._segment(view.segment.seq)
             if seg is not None:
@@ -353,6 +460,7 @@ class LogReader:
             if view.lac == lac and not view.closed:
                 view.md = await self._logs.bk.ledger_metadata(view.segment.ledger_id)
                 await view.refresh_lac()
+                view.follow()   # the bookies of a new fragment too
 
     async def _wait_change(self, timeout: float | None = LONG_POLL) -> None:
         """Until a segment key changes (a roll, a takeover, a truncation), or `timeout`."""
@@ -375,6 +483,8 @@ class LogReader:
 
     async def close(self) -> None:
         self._closed = True
+        if self._view is not None:
+            self._view.stop()
         if self._gen is not None:
             await self._gen.aclose()
         if self._watch is not None:

@@ -226,6 +226,7 @@ class LogWriter:
         self._index = 0                       # the next record's index within the segment
         self._batch: _Batch | None = None
         self._linger: asyncio.TimerHandle | None = None
+        self._appended_at = -1e9              # when the last record was appended (the loop's clock)
         self._inflight: set[_Batch] = set()   # sent, not yet acknowledged
         self._error: BaseException | None = None
         self._failing: asyncio.Task | None = None
@@ -325,6 +326,7 @@ class LogWriter:
         b = self._batch
         if b is None:
             b = self._start_batch(seq)
+        self._appended_at = self._loop.time()
         b.builder.add(payload, key, ts)
         offset = self._next_offset
         self._next_offset = offset + 1
@@ -363,6 +365,7 @@ class LogWriter:
             b = self._batch
             if b is None:
                 b = self._start_batch(self._dedup.next_sequence(pid) if pid else codec.NO_SEQUENCE)
+            self._appended_at = self._loop.time()
             before = int(ends[i - 1]) if i else 0
             # records i..j-1 fill the entry up to the limit (at least one record per entry)
             j = max(i + 1, int(np.searchsorted(ends, before + limit - b.builder.size, side="right")))
@@ -379,9 +382,16 @@ class LogWriter:
         return range(first, first + n)
 
     def _start_batch(self, seq: int) -> _Batch:
+        """A new entry: sent once full, else `linger` after its first record, or at the next turn
+        of the loop when that record came `linger`/2 or more after the previous one: records that
+        far apart would rarely share an entry, so waiting would only delay them (entries sent so are
+        at most 2/linger a second)."""
         b = self._batch = _Batch(self._index, self._producer, seq, self._loop.create_future(), self._seg)
-        linger = self.options.linger
-        self._linger = (self._loop.call_later(linger, self._flush) if linger > 0 else self._loop.call_soon(self._flush))
+        loop, linger = self._loop, self.options.linger
+        if loop.time() - self._appended_at < linger / 2:
+            self._linger = loop.call_later(linger, self._flush)
+        else:
+            self._linger = loop.call_soon(self._flush)
         return b
 
     def _flush(self) -> None:

@@ -33,6 +33,7 @@ class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LONG_POLL: _ClassVar[ReadFlag]
     PACKED: _ClassVar[ReadFlag]
     DIGESTS_CHECKED: _ClassVar[ReadFlag]
+    FOLLOW: _ClassVar[ReadFlag]
 OK: Status
 NO_LEDGER: Status
 NO_ENTRY: Status
@@ -51,6 +52,7 @@ FENCE: ReadFlag
 LONG_POLL: ReadFlag
 PACKED: ReadFlag
 DIGESTS_CHECKED: ReadFlag
+FOLLOW: ReadFlag
 
 class AddEntry(_message.Message):
     __slots__ = ("request_id", "ledger_id", "entry_id", "master_key", "flags", "body")

@@ -1,4 +1,5 @@
-"""Messages that carry many entry bodies, encoded by hand so that the bodies are copied once.
+"""Messages that carry many entry bodies, encoded (and an AddBatch's runs decoded) by hand so that the
+bodies are copied once.
 
 A PACKED ReadResults carries up to a few MiB of entry bodies in one `bytes` field, and an
 AddBatch's packed runs (AddRun) carry theirs the same way. Through protobuf the bodies would be
@@ -9,9 +10,9 @@ order, so the results are ordinary messages on the wire: FromString decodes them
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from . import bookie_pb2 as pb
 
@@ -63,3 +64,98 @@ def add_run_parts(parts: list, request_id: int, ledger_id: int, master_key: byte
     blen = varint(size)
     parts += (_RUNS_TAG, varint(len(head) + 1 + len(blen) + size), head, _RUN_BODIES_TAG, blen)
     parts += bodies
+
+
+class AddBatchView(NamedTuple):
+    """An AddBatch as read_add_batch reads it: the message parsed without its packed runs' bodies,
+    and each run's bodies as a read-only view of the bytes received (in the order of its runs)."""
+
+    message: pb.AddBatch
+    bodies: list[memoryview]
+
+    @property
+    def entries(self):
+        return self.message.entries
+
+    @property
+    def runs(self):
+        return self.message.runs
+
+
+_RUNS_FIELD, _RUN_BODIES_FIELD = 2, 7
+
+
+def read_add_batch(data: bytes | bytearray | memoryview) -> AddBatchView:
+    """Decode an AddBatch leaving its runs' bodies where they are: protobuf copies every bytes field
+    it parses, and the bodies are nearly all of a batch (copied, then copied again when read from
+    the message, they cost a bookie more than anything else it does with them). Only the fields
+    around them are parsed by protobuf; a run's bodies field given more than once counts by its
+    last, as protobuf has it. DecodeError for what is not a well-formed message."""
+    view = memoryview(data).toreadonly()
+    rest = bytearray()
+    bodies: list[memoryview] = []
+    pos, end = 0, len(view)
+    while pos < end:
+        start = pos
+        key, pos = _varint(view, pos, end)
+        if key == (_RUNS_FIELD << 3) | 2:
+            n, pos = _varint(view, pos, end)
+            if n > end - pos:
+                raise DecodeError("a run runs past the end of the batch")
+            head, body = _without_bodies(view, pos, pos + n)
+            rest += _RUNS_TAG
+            rest += varint(len(head))
+            rest += head
+            bodies.append(body)
+            pos += n
+        else:
+            pos = _skip(view, pos, end, key & 7)
+            rest += view[start:pos]
+    return AddBatchView(pb.AddBatch.FromString(bytes(rest)), bodies)
+
+
+def _without_bodies(view: memoryview, pos: int, end: int) -> tuple[bytearray, memoryview]:
+    """(an AddRun's fields but its bodies, its bodies as a view) of the run in view[pos:end]."""
+    head = bytearray()
+    body = view[pos:pos]
+    while pos < end:
+        start = pos
+        key, pos = _varint(view, pos, end)
+        if key == (_RUN_BODIES_FIELD << 3) | 2:
+            n, pos = _varint(view, pos, end)
+            if n > end - pos:
+                raise DecodeError("a run's bodies run past the end of the run")
+            body = view[pos:pos + n]
+            pos += n
+        else:
+            pos = _skip(view, pos, end, key & 7)
+            head += view[start:pos]
+    return head, body
+
+
+def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(the varint at pos, the position after it)."""
+    n = shift = 0
+    while pos < end and shift < 64:
+        b = view[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+    raise DecodeError("a varint is cut short or too long")
+
+
+def _skip(view: memoryview, pos: int, end: int, wire_type: int) -> int:
+    """The position after a field's value of `wire_type` at pos."""
+    if wire_type == 0:
+        return _varint(view, pos, end)[1]
+    if wire_type == 2:
+        n, pos = _varint(view, pos, end)
+    elif wire_type == 1 or wire_type == 5:
+        n = 8 if wire_type == 1 else 4
+    else:
+        raise DecodeError(f"wire type {wire_type} is not used by pybk's messages")
+    if n > end - pos:
+        raise DecodeError("a field runs past the end of its message")
+    return pos + n

@@ -48,39 +48,50 @@ class MessageError(Exception):
 
 class MessageBuffer:
     """One direction of a call's gRPC messages, put back together from its DATA frames' payloads.
-    A message that spans frames is copied once, into a buffer of its own that is then handed out
-    as it is (a memoryview: decoders take it, nothing writes to it again); one that fits its frame
-    is copied out of the frame. What is buffered is at most one message within the limit plus
-    one frame."""
+    A message that spans frames is kept as its frames until its last one came, then copied once
+    into bytes of its own, handed out as a memoryview of them (growing one buffer frame by frame
+    instead copied it again at each reallocation: a fifth of a bookie's CPU when taking 1 MiB
+    batches); one that fits its frame is copied out of the frame. What is held is at most one
+    message within the limit plus one frame, all of it received."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_parts", "_have", "_need")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._parts: list = []   # the frames (views) of the message begun
+        self._have = 0           # their bytes
+        self._need = -1          # the message's bytes with its prefix, once its prefix came
 
     def __bool__(self) -> bool:
         """True while part of a message is buffered."""
-        return bool(self._buf)
+        return bool(self._have)
 
     def take(self, payload, limit: int) -> list:
         """The messages that a DATA frame's `payload` completes, in order. MessageError for a
         compressed message (none is ever offered) or one above `limit` bytes."""
-        buf = self._buf
-        if not buf and len(payload) >= 5 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
+        if not self._have and len(payload) >= 5 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5:
             _check_prefix(payload, limit)  # the usual case: one whole message in one frame
             return [bytes(payload[5:])]
-        buf += payload
         out = []
-        while len(buf) >= 5:
-            n = _check_prefix(buf, limit)
-            if len(buf) < n + 5:
+        data = memoryview(payload)
+        while data:
+            if not self._have and len(data) >= 5:   # a message starts here
+                n = _check_prefix(data[:5], limit)
+                if len(data) >= n + 5:              # and ends in this frame: copied out of it
+                    out.append(bytes(data[5:n + 5]))
+                    data = data[n + 5:]
+                    continue
+            parts = self._parts
+            parts.append(data)
+            self._have += len(data)
+            if self._need < 0 and self._have >= 5:   # its prefix, perhaps over several frames
+                self._need = _check_prefix(b"".join(bytes(p[:5]) for p in parts)[:5], limit) + 5
+            if self._need < 0 or self._have < self._need:
                 break
-            if len(buf) == n + 5:  # the buffer is this message alone: hand it out, start a new one
-                out.append(memoryview(buf)[5:])
-                buf = self._buf = bytearray()
-                break
-            out.append(bytes(buf[5:n + 5]))
-            del buf[:n + 5]
+            extra = self._have - self._need          # the start of the next message, in this frame
+            parts[-1] = data[:len(data) - extra]
+            data = data[len(data) - extra:]
+            out.append(memoryview(b"".join(parts))[5:])
+            self._parts, self._have, self._need = [], 0, -1
         return out
 
 

@@ -45,3 +45,17 @@ def test_rounds_print_every_run_the_medians_the_ratios_and_the_goals(tmp_path, c
         next(r for r in rnd["results"] if r["run"] == runs[0])["entries_per_s"] for rnd in result["rounds"]), 3)
     assert len(result["goals"]) == 10 and all(g.endswith((": met", ": MISSED")) for g in result["goals"])
     assert list(tmp_path.iterdir()) == []   # the clusters' files are gone with them
+
+
+def test_only_runs_the_measurements_named_and_checks_their_goals_alone(tmp_path, child_processes):
+    out = subprocess.run([sys.executable, "-m", "pybk.cli", "bench", "log", "--only", "etcd", "--only", "segments",
+                          "--segments", "300", "--peer-nats", "--dir", str(tmp_path), "-o", "json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    rows = [r["run"] for r in result["rounds"][0]["results"]]
+    assert rows == ["log etcd bytes per idle log", "log open of 300 segments"]   # no JetStream: its peers did not run
+    assert len(result["goals"]) == 2 and result["goals"][0].startswith("etcd bytes per idle log")
+    bad = subprocess.run([sys.executable, "-m", "pybk.cli", "bench", "log", "--only", "everything"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice: 'everything'" in bad.stderr

@@ -177,6 +177,37 @@ async def test_range_read_with_step_returns_the_strided_entries_and_bad_steps_ar
         await c.close()
 
 
+async def test_a_follow_stream_answers_each_rise_of_the_lac_with_the_entries_after_the_last_one(bookies):
+    """readLastAddConfirmedAndEntry, one call for many LACs: each answer carries the bodies from the
+    previous LAC + 1 on, up to the new LAC and to the first entry this bookie does not hold."""
+    b, = bookies(1, metadata_uri=None)
+    c = await BookieClient.connect(b.address)
+    try:
+        await asyncio.gather(*(c.add(5, i, body(5, i, i - 1), master_key=KEY) for i in range(10)))
+        stream = c.follow_lac(5, 3, timeout=20)
+        lac, first, bodies, sizes = await anext(stream)                      # LAC 8 (entry 9 carries it)
+        assert (lac, first) == (8, 4) and list(sizes) == [len(body(5, i, i - 1)) for i in range(4, 9)]
+        assert bodies == b"".join(body(5, i, i - 1) for i in range(4, 9))
+        waiting = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()                                            # no rise: no answer
+        await c.add(5, 12, body(5, 12, 11), master_key=KEY)                  # LAC 11; 10 and 11 not here
+        lac, first, bodies, sizes = await waiting
+        assert (lac, bodies) == (11, body(5, 9, 8)) and first == 9 and len(sizes) == 1   # up to the gap
+        await c.add(5, 14, body(5, 14, 13), master_key=KEY)                  # LAC 13: from 12, 13 not here
+        lac, first, bodies, sizes = await anext(stream)
+        assert (lac, first, bodies, len(sizes)) == (13, 12, body(5, 12, 11), 1)
+        await c.add(5, 16, body(5, 16, 15), master_key=KEY)                  # LAC 15: 14 here, 15 not
+        lac, first, bodies, sizes = await anext(stream)
+        assert (lac, first, bodies, list(sizes)) == (15, 14, body(5, 14, 13), [len(body(5, 14, 13))])
+        await stream.aclose()
+        assert await c.wait_lac(5, 8, timeout=5) == 15                       # a plain long-poll: the LAC
+        answers = [a async for a in c.follow_lac(5, 15, timeout=0.3)]        # nothing newer: the LAC at the end
+        assert [(lac, len(sizes)) for lac, _, _, sizes in answers] == [(15, 0)]
+    finally:
+        await c.close()
+
+
 async def test_ready_means_the_data_port_serves_adds_and_reads(tmp_path, child_processes):
     """The first moment /api/v1/bookie/is_ready answers 200, an add and a read through the gRPC port
     succeed at once (no retry, no wait for the channel)."""

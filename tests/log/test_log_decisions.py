@@ -1,4 +1,5 @@
-"""The pure decisions of named logs: transitions, truncation prefix, orphans, retention, dedup."""
+"""The pure decisions of named logs: transitions, truncation prefix, orphans, retention, dedup, and the
+entries a tailing reader holds from its LAC answers."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,6 +9,7 @@ from pybk.log.layout import (Conflict, Cursor, Head, Keys, LogState, Segment, Se
                              after_head_conflict, config_bytes, config_from_bytes, ledger_custom, ledger_owner,
                              open_next, orphan_reason, seal, take_over, truncation_prefix)
 from pybk.log.options import LogConfig, Retention, RetentionPolicy
+from pybk.log.reader import Ahead
 from pybk.log.retention import retention_before
 
 HOUR = 3600 * 1000
@@ -125,3 +127,17 @@ def test_dedup_answers_duplicates_with_their_offsets_and_forgets_beyond_its_boun
     again = Dedup.from_snapshot(d.snapshot())
     assert again.check(3, 0) == Duplicate(112, None) and again.next_sequence(3) == 1
     assert Dedup.from_snapshot(b"\x01" * 7).producers == {}    # a truncated snapshot is ignored, not misread
+
+
+def test_entries_that_came_with_the_lac_are_handed_out_once_in_order():
+    a = Ahead()
+    a.put(5, [b"e5", b"e6"])
+    a.put(7, [b"e7"])                              # the next answer follows on
+    assert a.take(4, 9) == []                      # not from 4: read as usual, the rest stays
+    assert a.take(5, 5) == [b"e5"]
+    assert a.take(6, 9) == [b"e6", b"e7"] and a.payloads == []
+    a.put(9, [b"e9"])
+    a.put(12, [b"e12"])                            # not following on: instead of what was held
+    assert a.take(9, 12) == [] and a.take(12, 12) == [b"e12"]
+    a.put(13, [b"e13"])
+    assert a.take(14, 20) == [] and a.payloads == []   # read past it: it goes
