@@ -60,7 +60,7 @@ def _name_group(item: pytest.Item, group: str) -> None:
     which is where the controller reads it. xdist 3.8 does this itself by setting `item._nodeid`,
     which pytest 9 no longer reads (a node id is its `_id`), so without this every group was
     silently ignored."""
-    if not item.config.getvalue("loadgroup") or not hasattr(item, "_id") or "@" in item.nodeid:
+    if not getattr(item.config.option, "loadgroup", False) or not hasattr(item, "_id") or "@" in item.nodeid:
         return
     from _pytest.nodeid import NodeId
 

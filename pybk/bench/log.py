@@ -466,16 +466,10 @@ def format_row(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     command = "pybk " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if args.repeat < 1:
-        print(f"pybk bench log: --repeat must be at least 1, not {args.repeat}", file=sys.stderr)
-        return 2
-    if args.peer_nats:
-        from .peer_nats import PeerMissing, check_installed
-        try:
-            check_installed()
-        except PeerMissing as e:
-            print(f"pybk bench log: error: {e}", file=sys.stderr)
-            return 1
+    from .peer_nats import refuse_rounds
+    refused = refuse_rounds("pybk bench log", args.repeat, args.peer_nats)
+    if refused is not None:
+        return refused
     started = time.time()
     load = os.getloadavg()[0]
     rounds = [one_round(args) for _ in range(args.repeat)]

@@ -66,6 +66,23 @@ def check_installed() -> str:
     return nats_server_binary()
 
 
+def refuse_rounds(prog: str, repeat: int, peer: bool) -> int | None:
+    """Before a bench's rounds: the exit status after saying why they cannot run (2 for a
+    --repeat below 1, 1 for --peer-nats without the bench extra), or None when they can."""
+    import sys
+
+    if repeat < 1:
+        print(f"{prog}: --repeat must be at least 1, not {repeat}", file=sys.stderr)
+        return 2
+    if peer:
+        try:
+            check_installed()
+        except PeerMissing as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 1
+    return None
+
+
 @contextlib.contextmanager
 def jetstream_cluster(binary: str, root: Path) -> Iterator[tuple[list[int], list[ChildProcess]]]:
     """SERVERS clustered nats-servers with JetStream in root, on loopback; (client ports,

@@ -352,16 +352,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tls and args.metadata_uri:
         print("pybk bench write: --tls starts its own local clusters; leave out --metadata-uri", file=sys.stderr)
         return 2
-    if args.repeat < 1:
-        print(f"pybk bench write: --repeat must be at least 1, not {args.repeat}", file=sys.stderr)
-        return 2
-    if args.peer_nats:
-        from .peer_nats import PeerMissing, check_installed
-        try:
-            check_installed()
-        except PeerMissing as e:
-            print(f"pybk bench write: error: {e}", file=sys.stderr)
-            return 1
+    from .peer_nats import refuse_rounds
+    refused = refuse_rounds("pybk bench write", args.repeat, args.peer_nats)
+    if refused is not None:
+        return refused
     rounds = [one_round(args, windows) for _ in range(args.repeat)]
     if len(rounds) == 1 and not args.peer_nats:
         print_results(rounds[0], command, args.output)
