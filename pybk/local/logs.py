@@ -13,7 +13,7 @@ import base64
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pybk.client.errors import BKError
 from pybk.cluster.bookielog import store as log_store
@@ -153,15 +153,7 @@ def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
     """Apply every BookieLog of the manifest; returns [{name, status}] (status as the operator writes it)."""
     state = _load_state(data_dir)
     out = []
-    for doc in documents(path):
-        if doc.get("kind") != KIND:
-            continue
-        try:
-            spec = BookieLogSpec.from_manifest(doc)
-        except SpecError as e:
-            raise LocalClusterError(f"{path}: {e}") from None
-        key = f"{spec.namespace}/{spec.name}"
-        secret, password = password_of(spec, data_dir)
+    for spec, key, secret, password in _bookielogs(path, data_dir, validate=True):
         try:
             st, managed = asyncio.run(apply_one(spec, password, secret, data_dir, state.get(key)))
         except BKError as e:
@@ -171,6 +163,20 @@ def apply_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
             _save_state(data_dir, state)
         out.append({"name": spec.name, "status": st})
     return out
+
+
+def _bookielogs(path: str | Path, data_dir: Path, validate: bool
+                ) -> Iterator[tuple[BookieLogSpec, str, SecretState, bytes | None]]:
+    """Each BookieLog of the manifest: its spec, its key in DIR/logs.json (namespace/name), and
+    its password as the stored Secret gives it. `validate`: refuse a spec the CRD would refuse."""
+    for doc in documents(path):
+        if doc.get("kind") != KIND:
+            continue
+        try:
+            spec = BookieLogSpec.from_manifest(doc, validate=validate)
+        except SpecError as e:
+            raise LocalClusterError(f"{path}: {e}") from None
+        yield (spec, f"{spec.namespace}/{spec.name}", *password_of(spec, data_dir))
 
 
 def _load_state(data_dir: Path) -> dict[str, int]:
@@ -215,15 +221,7 @@ def delete_logs(path: str | Path, data_dir: Path) -> list[dict[str, Any]]:
     message}] (deleted false: it waits, e.g. for its writer, and stays remembered)."""
     state = _load_state(data_dir)
     out = []
-    for doc in documents(path):
-        if doc.get("kind") != KIND:
-            continue
-        try:
-            spec = BookieLogSpec.from_manifest(doc, validate=False)
-        except SpecError as e:
-            raise LocalClusterError(f"{path}: {e}") from None
-        key = f"{spec.namespace}/{spec.name}"
-        secret, password = password_of(spec, data_dir)
+    for spec, key, secret, password in _bookielogs(path, data_dir, validate=False):
         try:
             gone, message = asyncio.run(delete_one(spec, password, secret, data_dir, state.get(key)))
         except BKError as e:
