@@ -24,6 +24,11 @@ class Cluster:
     def restart(self, bookie) -> None:
         bookie.restart()
 
+    def report(self) -> str:
+        """Each bookie: alive or not, and its log's last lines (for a failure's message)."""
+        return "\n".join(f"{b.bookie_id}: {'alive' if b.alive() else 'NOT RUNNING'}\n{b.log_tail(8)}"
+                         for b in self.bookies)
+
 
 @pytest.fixture
 def cluster_factory(bookies, metadata_uri):

@@ -11,6 +11,7 @@ import random
 from client_helpers import ChildWriter, expected, pipelined, read_all
 
 from pybk.client import BookKeeper
+from pybk.client.errors import BKError
 from pybk.meta import LedgerState
 
 ROUNDS = int(os.environ.get("PYBK_DURABILITY_ROUNDS", "12"))
@@ -82,7 +83,11 @@ async def test_random_adds_with_bookie_kills_and_writer_crashes_lose_no_acked_en
             last = rh.metadata.last_entry_id
             assert sorted(acked) == list(range(len(acked))), f"seed {seed}: acks out of order"
             assert last >= len(acked) - 1, f"seed {seed} round {r} {cfg}: acked {len(acked)}, ledger ends at {last}"
-            assert await read_all(rh) == expected(lid, last), f"seed {seed} round {r} {cfg}: wrong entries"
+            try:
+                got = await read_all(rh)
+            except BKError as e:    # which bookies were down, and why, names the cause
+                raise AssertionError(f"seed {seed} round {r} {cfg}: {e}\n{cluster.report()}") from e
+            assert got == expected(lid, last), f"seed {seed} round {r} {cfg}: wrong entries"
             for b in dead:
                 cluster.restart(b)
             dead.clear()
