@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from pybk import eventloop
 
-from .stats import cpu_seconds, summary
+from .stats import by_run, cpu_seconds, summary
 
 if TYPE_CHECKING:
     from pybk.log import LogWriter, Logs
@@ -392,12 +392,8 @@ NUMERIC_SKIP = {"run", "entries", "size", "window", "ledger_id", "peer", "segmen
 
 def medians(rounds: list[list[dict]]) -> list[dict]:
     """Per run name, the median of each figure over the rounds (each round's value too)."""
-    groups: dict[str, list[dict]] = {}
-    for results in rounds:
-        for r in results:
-            groups.setdefault(r["run"], []).append(r)
     out = []
-    for name, rows in groups.items():
+    for name, rows in by_run(rounds).items():
         row: dict = {"run": name, "rounds": len(rows)}
         for key, first in rows[0].items():
             values = [r.get(key) for r in rows]

@@ -10,6 +10,15 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else 0.0
 
 
+def by_run(rounds: list[list[dict]]) -> dict[str, list[dict]]:
+    """Each round's result rows grouped by their run name, in first-seen order (for the medians)."""
+    groups: dict[str, list[dict]] = {}
+    for results in rounds:
+        for r in results:
+            groups.setdefault(r["run"], []).append(r)
+    return groups
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of processes (Linux /proc), threads included."""
     total = 0.0

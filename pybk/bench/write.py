@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from .stats import cpu_seconds, summary, warmup
+from .stats import by_run, cpu_seconds, summary, warmup
 from pybk import eventloop
 
 if TYPE_CHECKING:
@@ -233,12 +233,8 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
     """One row per run name over the rounds, in first-seen order: the median of each MEASURED
     figure, each round's value of a ratio (`throughput_ratios`, `p50_ratios`), and the other
     fields where every round agrees."""
-    groups: dict[str, list[dict]] = {}
-    for results in rounds:
-        for r in results:
-            groups.setdefault(r["run"], []).append(r)
     out = []
-    for name, rows in groups.items():
+    for name, rows in by_run(rounds).items():
         row: dict = {"run": name, "pairs": len(rows)}
         for key in rows[0]:
             values = [r.get(key) for r in rows]
