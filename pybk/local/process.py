@@ -16,6 +16,7 @@ from typing import Callable
 
 
 _spawning = 0      # children being spawned right now (Popen in progress)
+_preforker = None  # a Preforker that starts `python -m pybk...` children (prefork_pybk), else spawn
 _deferred = False  # an interrupt arrived meanwhile
 
 
@@ -67,6 +68,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port found on {host}")
 
 
+def prefork_pybk(enabled: bool) -> None:
+    """Start this process's `python -m pybk...` children forked from one interpreter that has
+    imported pybk already (pybk.local.prefork), or, with enabled False, spawn each again."""
+    global _preforker
+    if enabled and _preforker is None:
+        from pybk.local.prefork import Preforker
+        _preforker = Preforker()
+    elif not enabled and _preforker is not None:
+        _preforker.close()
+        _preforker = None
+
+
 class ChildProcess:
     """One child process with its log file, in its own process group."""
 
@@ -87,9 +100,9 @@ class ChildProcess:
         log = open(self.log_path, "ab")
         _spawning += 1
         try:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env,
-                                         start_new_session=True)
+            self.proc = ((_preforker and _preforker.start(self.argv, self.log_path, self.env)) or
+                         subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True))
         finally:
             _spawning -= 1
             log.close()

@@ -229,7 +229,6 @@ async def test_operator_killed_while_a_delete_waits_for_the_writer_finishes_it(w
     assert "waits for its writer" in c["message"]
     assert await logs.end_offset("orders") == 1
     operator.proc.kill()
-    operator.proc.wait()
     await w.close()
     operator.start()
     await eventually(lambda: get(api) is None, TIMEOUT, 0.2, "the BookieLog gone")
@@ -242,7 +241,6 @@ async def test_spec_changed_while_the_operator_is_down_is_applied_on_restart(wor
     api.create(LOGS, bookielog())
     await ready(api)
     operator.proc.kill()
-    operator.proc.wait()
     api.patch(f"{LOGS}/orders", {"spec": {"retention": {"policy": "limits", "maxAge": "7d"}}})
     resumed = len(operator.lines("Handler 'on_log_resume' succeeded"))
     operator.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -27,7 +26,7 @@ from pybk.cluster.controller import BELOW_ENSEMBLE, INVALID_SPEC
 from pybk.cluster.spec import API_VERSION, GROUP, PLURAL, VERSION, BookieClusterSpec
 from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
-from pybk.local.process import free_port
+from pybk.local.process import ChildProcess, free_port
 from pybk.meta import MetadataStore
 from pybk.operator import render
 from pybk.local.autorecovery import AutoRecoveryProcess
@@ -206,26 +205,21 @@ class Operator:
 
     def __init__(self, kubeconfig: Path, log: Path):
         self.kubeconfig, self.log = kubeconfig, log
-        self.proc: subprocess.Popen | None = None
+        self.proc: ChildProcess | None = None
 
     def start(self) -> "Operator":
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONPATH=os.getcwd())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pybk.cli", "operator", "--namespace", NAMESPACE,
-             # a free port of its own: kopf takes port 0 for its default, 80, which a second operator
-             # running at the same time (another test worker) then cannot bind
-             "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--refresh-interval", "1"],
-            env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        self.proc = ChildProcess("operator", [
+            sys.executable, "-m", "pybk.cli", "operator", "--namespace", NAMESPACE,
+            # a free port of its own: kopf takes port 0 for its default, 80, which a second operator
+            # running at the same time (another test worker) then cannot bind
+            "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--refresh-interval", "1"],
+            self.log, env).start()
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            self.proc.stop(15)
 
     def lines(self, text: str) -> list[str]:
         return [line for line in self.log.read_text().splitlines() if text in line]
@@ -412,7 +406,6 @@ async def test_operator_killed_mid_drain_resumes_it(world, metadata_uri, store):
     await eventually(lambda: condition(api.cluster(), "Decommissioning").get("status") == "True",
                      TIMEOUT, 0.1, "the Decommissioning condition")
     operator.proc.kill()
-    operator.proc.wait()
     resumed = len(operator.lines("Handler 'on_resume' succeeded"))
     operator.start()
     await eventually(lambda: len(operator.lines("Handler 'on_resume' succeeded")) > resumed, TIMEOUT, 0.2,

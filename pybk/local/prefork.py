@@ -1,0 +1,211 @@
+"""Starting `python -m pybk...` children from an interpreter that has imported pybk already.
+
+Most of a bookie's start is Python importing pybk, grpc, aiohttp and numpy: about half a second
+of CPU, paid again by each of the hundreds of bookies a test run starts. A Preforker is one
+Python process (`python -m pybk.local.prefork`) that imports them once and forks a child for
+each start. The child then runs the same module with the same argv, environment, working
+directory and log as a spawned one would, in a session of its own, so its process group is
+signalled as a spawned child's is. The preforker is its parent: it reaps it and tells its exit
+status when asked (`PreforkedChild` answers as a Popen does).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# What a pybk command imports before it serves: imported by the preforker at its first start of
+# that command, so every later start forks with them in memory. Only modules that read no
+# environment when imported (kopf does: an operator forked with it loaded finds no credentials).
+WARM = {"bookie": ("pybk.bookie.main",),
+        "autorecovery": ("pybk.autorecovery.main",)}
+_HEADER = struct.Struct("!I")
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _receive(sock: socket.socket) -> dict | None:
+    """The next message, or None when the other end closed."""
+    header = _read_exactly(sock, _HEADER.size)
+    if header is None:
+        return None
+    body = _read_exactly(sock, _HEADER.unpack(header)[0])
+    return None if body is None else json.loads(body)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < size:
+        chunk = sock.recv(size - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def module_of(argv: list[str]) -> str | None:
+    """The pybk module `argv` runs (`python -m pybk...`, started with this interpreter), else None."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2].split(".")[0] == "pybk":
+        return argv[2]
+    return None
+
+
+class PreforkedChild:
+    """A child the preforker started: polled and waited for as a Popen."""
+
+    def __init__(self, preforker: "Preforker", pid: int):
+        self._preforker = preforker
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._preforker.ask({"poll": self.pid})["returncode"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+class Preforker:
+    """One preloaded interpreter that forks the `python -m pybk...` children of this process."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def ask(self, request: dict) -> dict:
+        """The preforker's answer to one request (started on the first)."""
+        with self._lock:
+            if self._sock is None:
+                ours, theirs = socket.socketpair()
+                self._proc = subprocess.Popen([sys.executable, "-m", "pybk.local.prefork", str(theirs.fileno())],
+                                              pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                theirs.close()
+                self._sock = ours
+            _send(self._sock, request)
+            answer = _receive(self._sock)
+        if answer is None:
+            raise RuntimeError(f"the preforker (pid {self._proc.pid}) exited with code {self._proc.wait()}")
+        return answer
+
+    def start(self, argv: list[str], log_path: Path, env: dict[str, str] | None) -> PreforkedChild | None:
+        """Start `argv` forked from the preloaded interpreter, its output appended to log_path;
+        None when argv is not a `python -m pybk...` command (spawn that)."""
+        if module_of(argv) is None:
+            return None
+        answer = self.ask({"argv": argv, "log": str(log_path), "cwd": os.getcwd(),
+                           "env": dict(os.environ if env is None else env)})
+        return PreforkedChild(self, answer["pid"])
+
+    def close(self) -> None:
+        """Stop the preforker (children it started run on, then init is their parent)."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            if self._proc is not None:
+                self._proc.wait()
+                self._proc = None
+
+
+def _become(request: dict) -> None:
+    """In the forked child: take the request's log, environment and directory, run its module
+    as `python -m` would, and exit with its status."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 1 << 20 else 1 << 16)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if os.environ.get("PYTHONUNBUFFERED"):
+            sys.stdout.reconfigure(write_through=True)
+        import runpy
+        argv = request["argv"]
+        sys.argv = [argv[2], *argv[3:]]
+        sys.modules.pop(argv[2], None)   # run as __main__ alone, as `python -m` runs it
+        try:
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _warm(argv: list[str]) -> None:
+    """Import what the command in argv imports before it serves (WARM), once."""
+    command = next((a for a in argv[3:] if not a.startswith("-")), None) if argv[2] == "pybk.cli" else None
+    for module in WARM.get(command, ()):
+        importlib.import_module(module)
+
+
+def _serve(sock: socket.socket) -> None:
+    """Fork a child per start request, and tell a child's exit status when asked, until the
+    asking process closes the socket."""
+    ended: dict[int, int] = {}
+    while (request := _receive(sock)) is not None:
+        if "poll" in request:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                ended[pid] = os.waitstatus_to_exitcode(status)
+            _send(sock, {"returncode": ended.get(request["poll"])})
+            continue
+        _warm(request["argv"])
+        child = os.fork()
+        if child == 0:
+            sock.close()
+            os.setsid()          # its own session and process group, as a spawned child's
+            _become(request)
+        _send(sock, {"pid": child})
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the asker's Ctrl-C is the asker's to handle
+    importlib.import_module("pybk.cli")
+    _serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""A child forked from the preloaded interpreter is the program a spawn would have started: same
+argv, environment, directory, output and exit status, its own process group, signalled and
+waited for as a spawned child is."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from pybk.local.bookie import BookieProcess
+from pybk.local.prefork import Preforker, PreforkedChild
+
+
+def test_a_forked_command_prints_and_exits_as_a_spawned_one(tmp_path, child_processes):
+    """`bookie --help` and a bookie refused its environment: the forked child's output and exit
+    status are the spawned one's, and it reads the environment it was given, not the preforker's."""
+    preforker = Preforker()
+    try:
+        for argv, env in [([sys.executable, "-m", "pybk.cli", "bookie", "--help"], {}),
+                          ([sys.executable, "-m", "pybk.cli", "bookie", "--journal-dir", str(tmp_path / "j")],
+                           {"PYBK_JOURNAL_GROUP_WAIT": "not-a-number"})]:
+            full_env = {**os.environ, **env}
+            spawned = subprocess.run(argv, env=full_env, cwd=tmp_path, capture_output=True, timeout=60)
+            log = tmp_path / f"forked-{len(env)}.log"
+            forked = preforker.start(argv, log, full_env)
+            assert isinstance(forked, PreforkedChild)
+            assert forked.wait(60) == spawned.returncode
+            assert log.read_bytes() == spawned.stdout + spawned.stderr
+        assert spawned.returncode != 0 and b"PYBK_JOURNAL_GROUP_WAIT" in spawned.stderr
+    finally:
+        preforker.close()
+
+
+def test_a_forked_bookie_is_its_own_process_group_and_is_reaped_with_its_status(tmp_path, child_processes):
+    """The `child_processes` fixture forks `python -m pybk...` children: a bookie started so leads
+    its own session, stops on SIGTERM with status 0, and a kill -9 is reported as -9."""
+    bookie = BookieProcess(tmp_path / "b", metadata_uri=None).start()
+    assert isinstance(bookie.proc, PreforkedChild)
+    assert os.getpgid(bookie.pid) == bookie.pid and os.getsid(bookie.pid) == bookie.pid
+    assert bookie.stop() == 0
+    again = BookieProcess(tmp_path / "b", metadata_uri=None, port=bookie.port, http_port=bookie.http_port,
+                          bookie_id=bookie.bookie_id).start()
+    again.signal(signal.SIGKILL)
+    assert again.proc.wait(30) == -signal.SIGKILL
+    assert not again.alive()
