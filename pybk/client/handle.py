@@ -278,6 +278,7 @@ class LedgerHandle:
                 self._loop.call_soon(self._lac_turn, LAC_TURNS - 1)
 
     def _lac_turn(self, left: int) -> None:
+        """One of the LAC_TURNS turns of the loop before an idle writer's WriteLac."""
         self._lac_timer = self._loop.call_soon(self._lac_turn, left - 1) if left else None
         if not left:
             self._flush_lac()
