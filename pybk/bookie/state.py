@@ -141,18 +141,22 @@ class LacWaiters:
         current = lac()
         if current is not None and current > previous:
             return current
+        loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return lac()
-            fut = asyncio.get_running_loop().create_future()
+            fut = loop.create_future()
             self._waiters.setdefault(ledger, []).append(fut)
+            # a timer settles the future at the deadline: awaited directly, a wake resumes this
+            # call in the next turn of the loop, before the journal's fdatasync that the same add
+            # queued (asyncio.wait_for would take a turn more)
+            timer = loop.call_later(remaining, _settle, fut)
             try:
-                await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
-                pass
+                await fut
             finally:
+                timer.cancel()
                 waiters = self._waiters.get(ledger)
                 if waiters is not None:
                     if fut in waiters:
@@ -166,5 +170,10 @@ class LacWaiters:
     def wake(self, ledger: int) -> None:
         """The ledger's LAC rose (or the ledger is gone): every long-poll on it looks again."""
         for fut in self._waiters.pop(ledger, ()):
-            if not fut.done():
-                fut.set_result(None)
+            _settle(fut)
+
+
+def _settle(fut: asyncio.Future) -> None:
+    """Let a long-poll look at the LAC again (woken, or at its deadline)."""
+    if not fut.done():
+        fut.set_result(None)

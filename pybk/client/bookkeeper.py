@@ -31,7 +31,7 @@ class ClientOptions:
     add_timeout: float = 10.0             # an add unanswered this long triggers an ensemble change
     read_timeout: float = 10.0            # give up on one replica's read after this long
     speculative_read_delay: float = 0.05  # ask the next replica if the first is this slow
-    explicit_lac_delay: float = 0.05      # after adds go idle, tell bookies the LAC this soon
+    explicit_lac_delay: float = 0.0       # after adds go idle, tell bookies the LAC this soon (0: at once)
     tail_hold_delay: float = 0.002        # a lone add's copies beyond Qa wait for its ack at most this long
     fence_timeout: float = 10.0           # recovery waits this long for fencing coverage
     recovery_batch_size: int = 256        # at most this many entries recovery reads, then re-writes, at once

@@ -27,6 +27,10 @@ from .types import EntryChunk, LedgerEntry
 
 log = logging.getLogger("pybk.client")
 
+# turns of the loop between an add's ack and the next add of a writer that awaits each one: the
+# ack's callbacks, the awaiting task, and a log writer's send of its entry
+LAC_TURNS = 3
+
 
 class _Pending:
     __slots__ = ("entry_id", "body", "size", "future", "sent_at")
@@ -67,7 +71,8 @@ class LedgerHandle:
             self._failed_ids: set[str] = set()     # every bookie this writer gave up on
             self._changing: asyncio.Task | None = None
             self._acked_during_change: list[tuple[int, bytes]] = []
-            self._lac_timer: asyncio.TimerHandle | None = None
+            self._lac_timer: asyncio.Handle | None = None
+            self._lac_writes = 0                   # WriteLac calls not answered yet
             # a lone add's copies beyond the ack quorum: sent once it is acked (they then ride in
             # the next add's messages), after tail_hold_delay, or when a bookie fails
             self._hold_delay = bk.options.tail_hold_delay if qw > qa else 0.0
@@ -257,24 +262,49 @@ class LedgerHandle:
         self._head = head
         if self._held is not None and self._held[0] <= lac:
             self._release_held()
-        if self._lac_timer is None and head == len(pending):
-            self._lac_timer = self._loop.call_later(self._bk.options.explicit_lac_delay, self._flush_lac)
+        self._arm_lac()
 
     def _live_pending(self) -> list[_Pending]:
         return self._pending[self._head:]
 
+    def _arm_lac(self) -> None:
+        """Adds went idle with a LAC no add carried yet: tell the bookies after explicit_lac_delay,
+        or with no delay LAC_TURNS turns of the loop on, so that a writer awaiting each add (or a
+        log append) makes its next one first, which then carries the LAC instead."""
+        if self._lac_timer is None and self._head == len(self._pending) and self._tracker.lac > self._lac_told \
+                and self._error is None and not self._closed:
+            delay = self._bk.options.explicit_lac_delay
+            self._lac_timer = self._loop.call_later(delay, self._flush_lac) if delay else \
+                self._loop.call_soon(self._lac_turn, LAC_TURNS - 1)
+
+    def _lac_turn(self, left: int) -> None:
+        """One of the LAC_TURNS turns of the loop before an idle writer's WriteLac."""
+        self._lac_timer = self._loop.call_soon(self._lac_turn, left - 1) if left else None
+        if not left:
+            self._flush_lac()
+
     def _flush_lac(self) -> None:
         """Adds went idle: the last LAC rode on no entry yet, so tell the bookies explicitly
-        (tailing readers can then read up to the last acked entry)."""
+        (tailing readers can then read up to the last acked entry). One WriteLac round at a
+        time: a LAC that rises meanwhile is told when its answers are in (or by the next add)."""
         self._lac_timer = None
         lac = self._tracker.lac
-        if lac <= self._lac_told or self._error is not None or self._head != len(self._pending):
+        if lac <= self._lac_told or self._error is not None or self._head != len(self._pending) \
+                or self._lac_writes:
             return
         self._lac_told = lac
         for idx, c in enumerate(self._clients):
             if c is not None and idx not in self._failed:
                 t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
-                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+                self._lac_writes += 1
+                t.add_done_callback(self._lac_written)
+
+    def _lac_written(self, t: asyncio.Future) -> None:
+        """A bookie answered a WriteLac: once all have, a LAC that rose meanwhile goes out."""
+        t.cancelled() or t.exception()
+        self._lac_writes -= 1
+        if not self._lac_writes:
+            self._arm_lac()
 
     async def publish_lac(self) -> None:
         """Tell the ensemble's bookies the LAC now and wait for their answers, instead of after

@@ -111,8 +111,9 @@ class WriterOptions:
     sequence already stored is not stored again."""
 
     batch_bytes: int = 64 * 1024        # send an entry once its records reach this size
-    linger: float = 0.001               # or this long after its first record (at once if that came linger/2
-                                        # or more after the previous record)
+    linger: float = 0.001               # or this long after its first record (if that came linger/2 or more
+                                        # after the previous record: at once, or at the next acknowledgement
+                                        # while an entry is unacknowledged; 0: always at once)
     producer_id: int | None = None
     max_producers: int = 1000           # producers whose last sequence is remembered (least recent dropped)
     producer_idle: float = 6 * 3600.0   # forget a producer whose last record is older (seconds)

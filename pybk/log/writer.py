@@ -228,6 +228,8 @@ class LogWriter:
         self._linger: asyncio.TimerHandle | None = None
         self._appended_at = -1e9              # when the last record was appended (the loop's clock)
         self._inflight: set[_Batch] = set()   # sent, not yet acknowledged
+        self._unacked = 0                     # entries sent whose add is not answered yet
+        self._flush_at_ack = False            # the current entry goes when the next add is answered
         self._error: BaseException | None = None
         self._failing: asyncio.Task | None = None
         self._next: asyncio.Future | None = None   # the next segment's ledger, being made
@@ -382,14 +384,20 @@ class LogWriter:
         return range(first, first + n)
 
     def _start_batch(self, seq: int) -> _Batch:
-        """A new entry: sent once full, else `linger` after its first record, or at the next turn
-        of the loop when that record came `linger`/2 or more after the previous one: records that
-        far apart would rarely share an entry, so waiting would only delay them (entries sent so are
-        at most 2/linger a second)."""
+        """A new entry: sent once full, else `linger` after its first record. When that record
+        came `linger`/2 or more after the previous one (records that far apart would rarely
+        share an entry), it is sent at the next turn of the loop, or, while an entry of this
+        writer is unacknowledged, when that one is acknowledged (or once full): the bookie
+        clients would mostly hold it until then anyway, and sent then it carries that entry's
+        LAC, so tailing readers get that entry without waiting for a later one; and a writer
+        whose adds take longer than its records' spacing packs them into fewer entries instead
+        of queueing one entry each (less work for the bookies and readers: lower latency)."""
         b = self._batch = _Batch(self._index, self._producer, seq, self._loop.create_future(), self._seg)
         loop, linger = self._loop, self.options.linger
         if loop.time() - self._appended_at < linger / 2:
             self._linger = loop.call_later(linger, self._flush)
+        elif self._unacked and linger:
+            self._flush_at_ack = True
         else:
             self._linger = loop.call_soon(self._flush)
         return b
@@ -399,6 +407,7 @@ class LogWriter:
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
+        self._flush_at_ack = False
         b, self._batch = self._batch, None
         if b is None or not b.builder.count:
             return
@@ -418,10 +427,14 @@ class LogWriter:
         seg.last_append = time.monotonic()
         b.builder = None   # the bytes live in the ledger handle's pending add now
         self._inflight.add(b)
+        self._unacked += 1
         seg.lh.add_entry_async(body).add_done_callback(lambda f, b=b: self._on_entry(b, f))
         self._maybe_roll()
 
     def _on_entry(self, b: _Batch, fut: asyncio.Future) -> None:
+        self._unacked -= 1
+        if self._flush_at_ack:
+            self._flush()
         if fut.cancelled() or fut.exception() is not None:
             self._broken(fut.exception() if not fut.cancelled() else LogClosedError("append cancelled"))
             return

@@ -217,6 +217,33 @@ async def test_tailing_reader_wakes_on_long_poll_as_writer_adds(cluster_factory)
         assert rh.is_closed and await read_all(rh) == expected(lh.ledger_id, 20)
 
 
+async def test_a_writer_that_goes_idle_tells_the_lac_once_and_one_awaiting_each_add_lets_the_next_add_tell_it(
+        cluster_factory):
+    """With no explicit_lac_delay (the default), adds made one at a time each carry the LAC of the
+    one before, so no WriteLac goes between them; once the writer stops, one WriteLac round tells
+    every bookie the last LAC, and a reader sees the last entry without another add."""
+    cluster = cluster_factory(3)
+    async with await BookKeeper.connect(cluster.uri) as bk, await BookKeeper.connect(cluster.uri) as bk2:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"pw")
+        told: list[int] = []
+        for c in lh._clients:
+            write_lac = c.write_lac
+
+            async def counted(ledger_id, lac, master_key, write_lac=write_lac):
+                told.append(lac)
+                await write_lac(ledger_id, lac, master_key)
+            c.write_lac = counted
+        for e in range(10):
+            await lh.add_entry(payload(lh.ledger_id, e))
+        rh = await bk2.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+
+        async def readable():
+            return await rh.read_last_add_confirmed() == 9
+        await eventually(readable, what="the reader to see the last entry")
+        assert told == [9, 9, 9]
+        await lh.close()
+
+
 async def test_corrupted_replica_is_detected_and_read_from_another(cluster_factory, caplog):
     cluster = cluster_factory(3)
     async with await BookKeeper.connect(cluster.uri) as bk:

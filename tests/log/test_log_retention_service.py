@@ -78,6 +78,12 @@ async def test_the_auditor_ages_out_an_abandoned_log_and_bookies_free_its_bytes(
         assert not left & ledgers
         async with await logs.open_reader("kept", end="latest") as r:
             assert [rec.payload async for rec in r] == [b"keep"] * 10
+        # entries written after: a bookie's next checkpoint puts them in a new entry log, so the
+        # one holding the expired log's entries (full by now) is no longer the current one, which
+        # compaction never rewrites
+        await logs.create("later", password=PW)
+        async with await logs.open_writer("later", password=PW) as w:
+            await w.append_many([b"later"] * 10)
 
     # the bookies drop the deleted ledgers and free their bytes
     freed = dropped = 0
