@@ -124,20 +124,19 @@ def _split_keys(data: np.ndarray, klen: np.ndarray, plen: np.ndarray) -> tuple[n
     return data[~mask], data[mask]
 
 
-def decode_chunk(buf: bytes, bounds: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """The records of the entries buf[bounds[i]:bounds[i + 1]], decoded together: per entry only
+def decode_chunk(buf: bytes, starts: Sequence[int], ends: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The records of the entries buf[starts[i]:ends[i]], decoded together: per entry only
     its header is unpacked and its record headers viewed (numpy, no copy); then one array per
     column for all of them. Returns per record (its entry, its index in the segment, timestamp,
     key length, payload length, where its bytes start in buf) and per entry (first index, where
     its bytes end, producer, first sequence). CorruptEntryError for anything that is not a well-formed record entry, bounded by
     the entries' sizes whatever their headers claim."""
-    n = len(bounds) - 1
+    n = len(starts)
     heads, counts, firsts, data_starts, data_ends = [], np.empty(n, np.int64), np.empty(n, np.int64), \
         np.empty(n, np.int64), np.empty(n, np.int64)
     producers, sequences = np.empty(n, np.int64), np.empty(n, np.int64)
     mv = memoryview(buf)
-    for e in range(n):
-        start, end = bounds[e], bounds[e + 1]
+    for e, (start, end) in enumerate(zip(np.asarray(starts, np.int64).tolist(), np.asarray(ends, np.int64).tolist())):
         if end - start < codec.ENTRY_HEADER_SIZE:
             raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
         magic, version, _flags, count, first, _max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
@@ -197,9 +196,11 @@ class Columns:
         self.sequence: list[np.ndarray] = []
         self.rows = 0
 
-    def add_chunk(self, buf: bytes, bounds: Sequence[int], seg_first: int, lo: int, hi: int) -> None:
-        """The records of the entries buf[bounds[i]:bounds[i + 1]] whose offsets are in [lo, hi)."""
-        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(buf, bounds)
+    def add_chunk(self, buf: bytes, entry_starts: Sequence[int], entry_ends: Sequence[int], seg_first: int,
+                  lo: int, hi: int) -> None:
+        """The records of the entries buf[entry_starts[i]:entry_ends[i]] whose offsets are in [lo, hi)."""
+        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(
+            buf, entry_starts, entry_ends)
         offsets = index + seg_first
         a = int(np.searchsorted(offsets, lo, side="left"))
         z = int(np.searchsorted(offsets, hi, side="left"))
@@ -283,7 +284,7 @@ async def _read_log_batches(uri: str, security: ClientSecurity | None, part: Log
     async def fetch(first: int, last: int) -> pa.RecordBatch | None:
         cols = Columns(part.log, schema)
         async for chunk in ledger_reader.read_chunks(bk, md, part.password, first, last):
-            cols.add_chunk(chunk.buffer, chunk.offsets, part.seg_first, part.lo, part.hi)
+            cols.add_chunk(chunk.buffer, chunk.starts, chunk.ends, part.seg_first, part.lo, part.hi)
         return cols.batch()
 
     step = sub_range(part.entry_bytes)

@@ -64,7 +64,7 @@ def test_a_chunk_decodes_to_the_records_codec_decodes_cut_to_the_offset_range():
     want = [r for body in bodies for r in codec.decode(body).records(codec.decode(body).header.first_index + 50)]
     for lo, hi in ((50, 63), (52, 61), (54, 55), (60, 99)):
         cols = Columns("x", log_arrow_schema(True))
-        cols.add_chunk(buf, bounds, 50, lo, hi)
+        cols.add_chunk(buf, bounds[:-1], bounds[1:], 50, lo, hi)
         batch = cols.batch()
         got = [(r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["payload"], r["producer_id"], r["sequence"])
                for r in batch.to_pylist()]
@@ -83,7 +83,7 @@ def test_a_hostile_entry_fails_naming_what_is_wrong(damage, error):
     buf, bounds, _ = entries([[(b"abc", b"k", 1), (b"de", None, 2)]])
     bad = damage(buf)
     with pytest.raises(codec.CorruptEntryError, match=error):
-        decode_chunk(bad, [0, len(bad)])
+        decode_chunk(bad, [0], [len(bad)])
 
 
 def test_partitions_are_cut_by_bytes_and_then_to_the_minimum_count():
@@ -115,12 +115,12 @@ def test_a_narrower_schema_builds_only_its_columns_in_its_order():
     full = Columns("x", projection(_struct("log string, offset long, timestamp timestamp, key binary, "
                                           "payload binary, producer_id long, sequence long")))
     assert full.schema == log_arrow_schema(True)
-    full.add_chunk(buf, bounds, 0, 51, 56)
+    full.add_chunk(buf, bounds[:-1], bounds[1:], 0, 51, 56)
     want = full.batch()
     for ddl in ("payload binary", "sequence long, payload binary, offset long", "key binary", "log string",
                 "timestamp timestamp, producer_id long"):
         cols = Columns("x", projection(_struct(ddl)))
-        cols.add_chunk(buf, bounds, 0, 51, 56)
+        cols.add_chunk(buf, bounds[:-1], bounds[1:], 0, 51, 56)
         got = cols.batch()
         assert got.schema.names == [f.split()[0] for f in ddl.split(", ")]
         assert got.equals(want.select(got.schema.names)), ddl
