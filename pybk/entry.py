@@ -101,10 +101,10 @@ def parse_header(body: bytes) -> Header:
     return Header._make(HEADER.unpack_from(body))
 
 
-def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+def decode(body: bytes | memoryview, digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
            ledger_id: int | None = None, entry_id: int | None = None,
            verify_digest: bool = True) -> tuple[Header, bytes]:
-    """Verify an entry body and return (header, payload).
+    """Verify an entry body (bytes, or a view of an answer: copied once) and return (header, payload).
 
     Raises DigestMismatch when the digest or the expected ledger/entry id does not match, or the
     running length is smaller than the payload: the replica that served it is corrupt.
@@ -113,6 +113,8 @@ def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: b
     for a copier that lacks the password of a MAC ledger (autorecovery acting with its admin
     credential). It moves bodies verbatim, so readers still verify the MAC later.
     """
+    if type(body) is not bytes:
+        body = bytes(body)
     h = parse_header(body)
     crc = digest_type is DigestType.CRC32C
     payload_start = HEADER_SIZE + (4 if crc else 32)

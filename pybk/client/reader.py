@@ -114,7 +114,7 @@ def verified_payloads(bk: "BookKeeper", md: LedgerMetadata, password: bytes, boo
     return payloads, bad is None
 
 
-def verified_spans(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, bodies: bytes,
+def verified_spans(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, bodies: bytes | memoryview,
                    sizes, first: int, step: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """verified_payloads in place: (starts, ends, intact), payload i being bodies[starts[i]:ends[i]]."""
     starts, ends, bad = packed_spans(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
@@ -130,13 +130,13 @@ def _count_corrupt(bk: "BookKeeper", md: LedgerMetadata, bookie: str, entry_id: 
 
 
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
-                        step: int = 1) -> list[tuple[bytes, np.ndarray, np.ndarray]]:
+                        step: int = 1) -> list[tuple[bytes | memoryview, np.ndarray, np.ndarray]]:
     """Entries a, a+step, ... <= b streamed from one bookie (which holds them all), verified, one
     (bodies, payload starts, payload ends) per answer of the bookie (verified_spans). Stops
     early, with fewer entries, on any error or corrupt entry, or when the bookie is slow to start
     answering (the caller then reads the rest from other replicas)."""
     opts = bk.options
-    out: list[tuple[bytes, np.ndarray, np.ndarray]] = []
+    out: list[tuple[bytes | memoryview, np.ndarray, np.ndarray]] = []
     got = 0
     stream = None
     count = (b - a) // step + 1
@@ -266,7 +266,7 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = [[bodies[s:e] for bodies, starts, ends in pieces for s, e in zip(starts.tolist(), ends.tolist())]
+        got = [[bytes(bodies[s:e]) for bodies, starts, ends in pieces for s, e in zip(starts.tolist(), ends.tolist())]
                for pieces in await asyncio.gather(
             *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]

@@ -25,7 +25,7 @@ class EntryChunk:
 
     ledger_id: int
     first_entry_id: int
-    buffer: bytes
+    buffer: bytes | memoryview
     starts: np.ndarray      # int64
     ends: np.ndarray        # int64
 
@@ -39,10 +39,10 @@ class EntryChunk:
         return len(self.starts)
 
     def payloads(self) -> list[bytes]:
-        buf = self.buffer
-        return [buf[s:e] for s, e in zip(self.starts.tolist(), self.ends.tolist())]
+        buf = self.buffer   # bytes(a slice of bytes) is that slice: a copy only of a view's
+        return [bytes(buf[s:e]) for s, e in zip(self.starts.tolist(), self.ends.tolist())]
 
-    def packed(self) -> tuple[bytes, np.ndarray]:
+    def packed(self) -> tuple[bytes | memoryview, np.ndarray]:
         """(the payloads back to back, the int64 offsets where each starts and the last ends):
         the buffer itself when they already are, else gathered by one join."""
         sizes = self.ends - self.starts
