@@ -269,9 +269,13 @@ class Columns:
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
 
-def sub_range(entry_bytes: float) -> int:
-    """Entries per sub-range read: about ARROW_BATCH_BYTES of entries."""
-    return max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
+def sub_range(entry_bytes: float, i: int = PREFETCH) -> int:
+    """Entries of a partition's i-th sub-range read (from 0): about ARROW_BATCH_BYTES of entries,
+    the first PREFETCH ramping up from 1/PREFETCH of that. The PREFETCH reads in flight share the
+    bookies' bandwidth, so equal ones would all end together, late; a task's first batch, which
+    Spark waits for with nothing else to do, comes that much sooner."""
+    full = max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
+    return max(1, full * min(i + 1, PREFETCH) // PREFETCH)
 
 
 async def _read_log_batches(uri: str, security: ClientSecurity | None, part: LogPartition,
@@ -287,16 +291,17 @@ async def _read_log_batches(uri: str, security: ClientSecurity | None, part: Log
             cols.add_chunk(chunk.buffer, chunk.starts, chunk.ends, part.seg_first, part.lo, part.hi)
         return cols.batch()
 
-    step = sub_range(part.entry_bytes)
     next_first = part.first_entry
+    launched = 0
     pending: deque[asyncio.Task] = deque()
 
     def launch() -> None:
-        nonlocal next_first
+        nonlocal next_first, launched
         while len(pending) < PREFETCH and next_first <= part.last_entry:
-            last = min(part.last_entry, next_first + step - 1)
+            last = min(part.last_entry, next_first + sub_range(part.entry_bytes, launched) - 1)
             pending.append(asyncio.ensure_future(fetch(next_first, last)))
             next_first = last + 1
+            launched += 1
 
     try:
         launch()

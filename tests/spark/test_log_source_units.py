@@ -9,8 +9,8 @@ import pytest
 
 from pybk.log import codec
 from pybk.spark.logoptions import LogReadOptions, LogWriteOptions, parse_logs
-from pybk.spark.logscan import (Columns, decode_chunk, log_arrow_schema, pieces_of, projection,
-                                split_entries)
+from pybk.spark.logscan import (ARROW_BATCH_BYTES, PREFETCH, Columns, decode_chunk, log_arrow_schema, pieces_of,
+                                projection, split_entries, sub_range)
 from pybk.spark.logwriter import producer_id
 from pybk.spark.options import OptionError
 
@@ -90,6 +90,13 @@ def test_partitions_are_cut_by_bytes_and_then_to_the_minimum_count():
     assert split_entries(0, 99, 1000.0, 25_000) == [(0, 24), (25, 49), (50, 74), (75, 99)]
     assert split_entries(10, 12, 1000.0, 1 << 30, 5) == [(10, 10), (11, 11), (12, 12)]
     assert pieces_of([100, 10], 4) == [3, 1] and pieces_of([1, 1], 5) == [1, 1]
+
+
+def test_a_partition_reads_small_sub_ranges_first_then_batches_of_a_few_mib():
+    full = ARROW_BATCH_BYTES // 65536
+    sizes = [sub_range(65536.0, i) for i in range(PREFETCH + 2)]
+    assert sizes == sorted(sizes) and sizes[0] == full // PREFETCH and sizes[PREFETCH - 1:] == [full] * 3
+    assert [sub_range(float(64 << 20), i) for i in range(PREFETCH)] == [1] * PREFETCH   # huge entries: one each
 
 
 def test_producer_ids_are_stable_positive_and_distinct_per_job_and_query():
