@@ -122,7 +122,9 @@ def verified_spans(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie
     return starts, ends, bad is None
 
 
-def _count_corrupt(bk: "BookKeeper", md: LedgerMetadata, bookie: str, entry_id: int, bad: DigestMismatch | None) -> None:
+def _count_corrupt(bk: "BookKeeper", md: LedgerMetadata, bookie: str, entry_id: int,
+                   bad: DigestMismatch | None) -> None:
+    """Count and log a corrupt body of a bookie's answer (bad: None when all were intact)."""
     if bad is not None:
         bk.digest_mismatches += 1
         log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
