@@ -101,10 +101,10 @@ def parse_header(body: bytes) -> Header:
     return Header._make(HEADER.unpack_from(body))
 
 
-def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+def decode(body: bytes | memoryview, digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
            ledger_id: int | None = None, entry_id: int | None = None,
            verify_digest: bool = True) -> tuple[Header, bytes]:
-    """Verify an entry body and return (header, payload).
+    """Verify an entry body (bytes, or a view of an answer: copied once) and return (header, payload).
 
     Raises DigestMismatch when the digest or the expected ledger/entry id does not match, or the
     running length is smaller than the payload: the replica that served it is corrupt.
@@ -113,6 +113,8 @@ def decode(body: bytes, digest_type: DigestType = DigestType.CRC32C, password: b
     for a copier that lacks the password of a MAC ledger (autorecovery acting with its admin
     credential). It moves bodies verbatim, so readers still verify the MAC later.
     """
+    if type(body) is not bytes:
+        body = bytes(body)
     h = parse_header(body)
     crc = digest_type is DigestType.CRC32C
     payload_start = HEADER_SIZE + (4 if crc else 32)
@@ -140,68 +142,79 @@ def verify_packed(bodies: bytes, sizes: Sequence[int], first_entry: int, step: i
                   ) -> tuple[list[bytes], DigestMismatch | None]:
     """Verify entry bodies packed back to back (entries first_entry, first_entry + step, ...) as
     decode() does each, in one call: (payloads, None) when all are intact, else (the payloads
-    before the first body that is not, its DigestMismatch).
+    before the first body that is not, its DigestMismatch). A few bodies (a tailing reader's) are
+    checked each by decode(): numpy's fixed cost is above their worth; more, by packed_spans."""
+    total = len(bodies)
+    if len(sizes) > FEW_BODIES:
+        starts, ends, bad = packed_spans(bodies, sizes, first_entry, step, ledger_id, digest_type, password)
+        return [bodies[s:e] for s, e in zip(starts.tolist(), ends.tolist())], bad
+    out, pos = [], 0
+    for i, sz in enumerate(sizes):
+        sz, eid = int(sz), first_entry + i * step
+        if pos + sz > total:
+            return out, DigestMismatch(f"entry {ledger_id}:{eid}: the answer holds {total - pos} of its {sz} bytes")
+        try:
+            out.append(decode(bodies[pos:pos + sz], digest_type, password, ledger_id, eid)[1])
+        except DigestMismatch as e:
+            return out, e
+        pos += sz
+    return out, None
+
+
+def packed_spans(bodies: bytes, sizes: Sequence[int], first_entry: int, step: int, ledger_id: int,
+                 digest_type: DigestType = DigestType.CRC32C, password: bytes = b""
+                 ) -> tuple[np.ndarray, np.ndarray, DigestMismatch | None]:
+    """Verify entry bodies packed back to back as verify_packed does, in place: (starts, ends,
+    None) where payload i is bodies[starts[i]:ends[i]] when all are intact, else the spans of
+    the payloads before the first body that is not, and its DigestMismatch. No payload is
+    copied: a reader gathers them once, where it builds its own buffers.
 
     The sizes, ids and running lengths of all bodies are checked at once with numpy (their
-    headers gathered into one array); only the digest is computed entry by entry. A few bodies
-    (a tailing reader's) are checked each by decode(): numpy's fixed cost is above their worth."""
+    headers gathered into one array); only the digest is computed entry by entry, over views of
+    the bodies."""
     crc = digest_type is DigestType.CRC32C
     payload_start = HEADER_SIZE + digest_type.size
     total = len(bodies)
     n = len(sizes)
-    if n <= FEW_BODIES:
-        out, pos = [], 0
-        for i, sz in enumerate(sizes):
-            sz, eid = int(sz), first_entry + i * step
-            if pos + sz > total:
-                return out, DigestMismatch(f"entry {ledger_id}:{eid}: the answer holds {total - pos} of its {sz} bytes")
-            try:
-                out.append(decode(bodies[pos:pos + sz], digest_type, password, ledger_id, eid)[1])
-            except DigestMismatch as e:
-                return out, e
-            pos += sz
-        return out, None
     size = np.asarray(sizes, np.int64)
     end = np.cumsum(size)
     start = end - size
     bad = np.flatnonzero((size < payload_start) | (end > total))
     k = int(bad[0]) if len(bad) else n          # the bodies before k lie within the buffer
-    heads = np.frombuffer(bodies, np.uint8)[start[:k, None] + _HEAD_POS[digest_type]].view(_HEAD_DTYPE[digest_type])[:, 0]
+    view = np.frombuffer(bodies, np.uint8)
+    heads = view[start[:k, None] + _HEAD_POS[digest_type]].view(_HEAD_DTYPE[digest_type])[:, 0]
     want = np.arange(first_entry, first_entry + k * step, step, dtype=np.uint64) if k else np.zeros(0, np.uint64)
     wrong = np.flatnonzero((heads["ledger_id"] != np.uint64(ledger_id)) | (heads["entry_id"] != want)
                            | (heads["length"] < (size[:k] - payload_start).astype(np.uint64)))
     m = int(wrong[0]) if len(wrong) else k      # the bodies before m are well formed
-    out: list[bytes] = []
-    append = out.append
     i = 0
-    if crc:
+    if crc:  # google_crc32c takes bytes or a read-only numpy view (not a memoryview): views, no copies
         value, extend = google_crc32c.value, google_crc32c.extend
         for s, e, c in zip(start[:m].tolist(), end[:m].tolist(), heads["crc"][:m].tolist()):
-            payload = bodies[s + payload_start:e]  # google_crc32c takes bytes only (no memoryview)
-            if extend(value(bodies[s:s + HEADER_SIZE]), payload) != c:
+            if extend(value(view[s:s + HEADER_SIZE]), view[s + payload_start:e]) != c:
                 break
-            append(payload)
             i += 1
     else:
+        mv = memoryview(bodies)
         for s, e in zip(start[:m].tolist(), end[:m].tolist()):
-            payload = bodies[s + payload_start:e]
-            if not hmac.compare_digest(_digest(digest_type, password, bodies[s:s + HEADER_SIZE], payload),
-                                       bodies[s + HEADER_SIZE:s + payload_start]):
+            if not hmac.compare_digest(_digest(digest_type, password, mv[s:s + HEADER_SIZE], mv[s + payload_start:e]),
+                                       mv[s + HEADER_SIZE:s + payload_start]):
                 break
-            append(payload)
             i += 1
+    spans = start[:i] + payload_start, end[:i]
     if i == n:
-        return out, None
+        return *spans, None
     eid = first_entry + i * step
     if i < m:
-        return out, DigestMismatch(f"entry {ledger_id}:{eid}: {digest_type.value} digest mismatch")
+        return *spans, DigestMismatch(f"entry {ledger_id}:{eid}: {digest_type.value} digest mismatch")
     if i < k:
         h = heads[i]
         if h["ledger_id"] != ledger_id or h["entry_id"] != eid:
-            return out, DigestMismatch(f"asked for entry {ledger_id}:{eid}, got {h['ledger_id']}:{h['entry_id']}")
-        return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and digest "
-                                   f"take {payload_start} and the ledger length says {h['length']}")
+            return *spans, DigestMismatch(f"asked for entry {ledger_id}:{eid}, got {h['ledger_id']}:{h['entry_id']}")
+        return *spans, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and "
+                                      f"digest take {payload_start} and the ledger length says {h['length']}")
     if size[i] < payload_start:
-        return out, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and digest "
-                                   f"take {payload_start}")
-    return out, DigestMismatch(f"entry {ledger_id}:{eid}: the answer holds {total - start[i]} of its {size[i]} bytes")
+        return *spans, DigestMismatch(f"entry {ledger_id}:{eid}: body is {size[i]} bytes, but the header and digest "
+                                      f"take {payload_start}")
+    return *spans, DigestMismatch(f"entry {ledger_id}:{eid}: the answer holds {total - start[i]} of its {size[i]} "
+                                  "bytes")

@@ -48,3 +48,36 @@ def test_header_carries_the_running_ledger_length():
     body = entry.encode(9, 3, 2, b"abc", length=1003)
     assert entry.parse_header(body) == entry.Header(9, 3, 2, 1003)
     assert entry.parse_header(entry.encode(9, 0, -1, b"abc")).length == 3  # default: the payload alone
+
+
+def _packed(dt: DigestType, n: int, step: int = 1) -> tuple[bytes, list[int], list[bytes]]:
+    payloads = [b"p%d" % i * (i % 5 + 1) for i in range(n)]
+    bodies = [entry.encode(7, 10 + i * step, 9, p, dt, b"pw") for i, p in enumerate(payloads)]
+    return b"".join(bodies), [len(b) for b in bodies], payloads
+
+
+@pytest.mark.parametrize("dt", list(DigestType))
+@pytest.mark.parametrize("n", [3, 9])
+def test_packed_bodies_verify_in_place_to_the_payloads_decode_returns(dt, n):
+    bodies, sizes, payloads = _packed(dt, n, step=3)
+    starts, ends, bad = entry.packed_spans(memoryview(bodies), sizes, 10, 3, 7, dt, b"pw")
+    assert bad is None and [bodies[s:e] for s, e in zip(starts, ends)] == payloads
+    assert entry.verify_packed(bodies, sizes, 10, 3, 7, dt, b"pw") == (payloads, None)
+
+
+@pytest.mark.parametrize("dt", list(DigestType))
+@pytest.mark.parametrize("n", [3, 9])
+def test_a_corrupt_packed_body_ends_the_verified_ones_before_it(dt, n):
+    bodies, sizes, payloads = _packed(dt, n)
+    k = n - 2
+    bad = bytearray(bodies)
+    bad[sum(sizes[:k]) + sum(sizes[k:k + 1]) - 1] ^= 0x01    # the last payload byte of body k
+    starts, ends, err = entry.packed_spans(bytes(bad), sizes, 10, 1, 7, dt, b"pw")
+    assert [bodies[s:e] for s, e in zip(starts, ends)] == payloads[:k]
+    assert isinstance(err, entry.DigestMismatch) and f"entry 7:{10 + k}" in str(err)
+    got, err = entry.verify_packed(bytes(bad), sizes, 10, 1, 7, dt, b"pw")
+    assert got == payloads[:k] and f"entry 7:{10 + k}" in str(err)
+    starts, ends, err = entry.packed_spans(bodies[:-1], sizes, 10, 1, 7, dt, b"pw")
+    assert len(starts) == n - 1 and "the answer holds" in str(err)
+    starts, ends, err = entry.packed_spans(bodies, sizes, 11, 1, 7, dt, b"pw")
+    assert len(starts) == 0 and "asked for entry 7:11, got 7:10" in str(err)

@@ -191,7 +191,7 @@ def _floor_source(rows: int, record_size: int, partitions: int):
                 b.add_many([blob[i:i + record_size] for i in range(0, len(blob), record_size)], 1_700_000_000_000)
                 body = b.build(0)
                 cols = Columns(LOG_NAME, self.schema)
-                cols.add_chunk(body, [0, len(body)], 0, 0, 1 << 62)
+                cols.add_chunk(body, [0], [len(body)], 0, 0, 1 << 62)
                 bench.FLOOR_BATCHES.clear()
                 bench.FLOOR_BATCHES[key] = cols.batch()
             batch = bench.FLOOR_BATCHES[key]

@@ -217,6 +217,11 @@ class BookieClient:
         else:
             self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = rpc.BookieStub(self._channel)
+        # Read with the PACKED answers' bodies left where they were received (wire.read_results)
+        self._read_views = self._channel.unary_stream("/pybk.Bookie/Read",
+                                                      request_serializer=pb.ReadRequest.SerializeToString,
+                                                      response_deserializer=wire.read_results,
+                                                      _registered_method=True)
         self._ssl: ssl.SSLContext | None = None  # the Add stream's (it has its own connection)
         self._runs: list[_Run] = []  # the batch being built
         self._open: dict[tuple, _Run] = {}  # its runs by (ledger, key, flags, sink)
@@ -418,25 +423,26 @@ class BookieClient:
         async for eid, bodies, sizes in self.read_packed(ledger_id, first, last, step):
             pos = 0
             for i, size in enumerate(sizes.tolist()):
-                yield eid + i * step, bodies[pos:pos + size]
+                yield eid + i * step, bytes(bodies[pos:pos + size])
                 pos += size
 
     async def read_packed(self, ledger_id: int, first: int, last: int, step: int = 1, digests_checked: bool = False
-                          ) -> AsyncIterator[tuple[int, bytes, np.ndarray]]:
+                          ) -> AsyncIterator[tuple[int, bytes | memoryview, np.ndarray]]:
         """read_range as it arrives: (first entry id, bodies back to back, their sizes), one per
-        answer of the bookie (up to ~1 MiB each), without an object per entry. Entries are
-        first_id, first_id + step, ...; raises BookieError like read_range. A caller that checks
-        every body's digest itself says so (digests_checked): the bookie then skips its record
-        checksums, the same check done twice."""
+        answer of the bookie (up to a few MiB each), without an object per entry; the bodies are a
+        read-only view of the answer as received, not a copy. Entries are first_id, first_id + step,
+        ...; raises BookieError like read_range. A caller that checks every body's digest itself
+        says so (digests_checked): the bookie then skips its record checksums, the same check done
+        twice."""
         if step < 1:
             raise ValueError(f"step must be >= 1, not {step}")
         flags = pb.PACKED | (pb.DIGESTS_CHECKED if digests_checked else 0)
         req = pb.ReadRequest(ledger_id=ledger_id, first_entry=first, last_entry=last, step=step, flags=flags)
-        call = self._stub.Read(req, metadata=self._metadata)
+        call = self._read_views(req, metadata=self._metadata)
         try:
-            async for res in call:
+            async for res, bodies in call:
                 if res.body_sizes:
-                    yield res.first_body_entry, res.bodies, np.array(res.body_sizes, np.int64)
+                    yield res.first_body_entry, bodies, np.array(res.body_sizes, np.int64)
                 elif res.entries:  # a bookie from before PACKED
                     yield (res.entries[0].entry_id, b"".join(e.body for e in res.entries),
                            np.array([len(e.body) for e in res.entries], np.int64))

@@ -9,8 +9,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
+import numpy as np
+
 from pybk.client.bookie_client import Status
-from pybk.entry import DigestMismatch, decode, verify_packed
+from pybk.entry import DigestMismatch, decode, packed_spans, verify_packed
 from pybk.ledger import fragment_pieces, write_set_bookies
 from pybk.meta.ledgers import LedgerMetadata
 
@@ -108,22 +110,35 @@ def verified_payloads(bk: "BookKeeper", md: LedgerMetadata, password: bytes, boo
     """(the payloads of the verified bodies, True if all were intact): entries first, first + step,
     ... packed as `bookie` sent them; a corrupt one is counted and logged, and ends the list."""
     payloads, bad = verify_packed(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
-    if bad is not None:
-        bk.digest_mismatches += 1
-        log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
-                    md.ledger_id, first + len(payloads) * step, bookie, bad,
-                    extra={"ledger_id": md.ledger_id, "bookie": bookie})
+    _count_corrupt(bk, md, bookie, first + len(payloads) * step, bad)
     return payloads, bad is None
 
 
+def verified_spans(bk: "BookKeeper", md: LedgerMetadata, password: bytes, bookie: str, bodies: bytes | memoryview,
+                   sizes, first: int, step: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """verified_payloads in place: (starts, ends, intact), payload i being bodies[starts[i]:ends[i]]."""
+    starts, ends, bad = packed_spans(bodies, sizes, first, step, md.ledger_id, md.digest_type, password)
+    _count_corrupt(bk, md, bookie, first + len(starts) * step, bad)
+    return starts, ends, bad is None
+
+
+def _count_corrupt(bk: "BookKeeper", md: LedgerMetadata, bookie: str, entry_id: int,
+                   bad: DigestMismatch | None) -> None:
+    """Count and log a corrupt body of a bookie's answer (bad: None when all were intact)."""
+    if bad is not None:
+        bk.digest_mismatches += 1
+        log.warning("ledger %d entry %d: corrupt replica on bookie %s (%s); reading another replica",
+                    md.ledger_id, entry_id, bookie, bad, extra={"ledger_id": md.ledger_id, "bookie": bookie})
+
+
 async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a: int, b: int, bookie: str,
-                        step: int = 1) -> list[list[bytes]]:
-    """Payloads of a, a+step, ... <= b streamed from one bookie (which holds them all), verified,
-    a list per answer of the bookie. Stops early, with fewer entries, on any error or corrupt
-    entry, or when the bookie is slow to start answering (the caller then reads the rest from
-    other replicas)."""
+                        step: int = 1) -> list[tuple[bytes | memoryview, np.ndarray, np.ndarray]]:
+    """Entries a, a+step, ... <= b streamed from one bookie (which holds them all), verified, one
+    (bodies, payload starts, payload ends) per answer of the bookie (verified_spans). Stops
+    early, with fewer entries, on any error or corrupt entry, or when the bookie is slow to start
+    answering (the caller then reads the rest from other replicas)."""
     opts = bk.options
-    out: list[list[bytes]] = []
+    out: list[tuple[bytes | memoryview, np.ndarray, np.ndarray]] = []
     got = 0
     stream = None
     count = (b - a) // step + 1
@@ -133,10 +148,11 @@ async def _stream_chunk(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
         first, bodies, sizes = await asyncio.wait_for(stream.__anext__(), max(1.0, opts.speculative_read_delay * 20))
         async with asyncio.timeout(opts.read_timeout + count * 0.001):
             while first == a + got * step:
-                payloads, intact = verified_payloads(bk, md, password, bookie, bodies, sizes[:count - got], first, step)
-                if payloads:
-                    out.append(payloads)
-                    got += len(payloads)
+                starts, ends, intact = verified_spans(bk, md, password, bookie, bodies, sizes[:count - got], first,
+                                                      step)
+                if len(starts):
+                    out.append((bodies, starts, ends))
+                    got += len(starts)
                 if not intact:
                     break
                 if got == count:
@@ -202,9 +218,9 @@ async def read_chunks(bk: "BookKeeper", md: LedgerMetadata, password: bytes, fir
                         bookie = ensemble[(choice + k) % len(ensemble)]
                         if k:
                             got = await _stream_chunk(bk, md, password, a, b, bookie)
-                        for payloads in got:
-                            yield EntryChunk.of_payloads(lid, a, payloads)
-                            a += len(payloads)
+                        for bodies, starts, ends in got:
+                            yield EntryChunk(lid, a, bodies, starts, ends)
+                            a += len(starts)
                         if a > b:
                             break
                     if a <= b:  # no replica streamed the rest: entry by entry, with failover
@@ -252,7 +268,8 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = [[p for payloads in pieces for p in payloads] for pieces in await asyncio.gather(
+        got = [[bytes(bodies[s:e]) for bodies, starts, ends in pieces for s, e in zip(starts.tolist(), ends.tolist())]
+               for pieces in await asyncio.gather(
             *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]
         rest = _read_each_of(bk, md, password, missing, ensemble, avoid=lambda e: ensemble[e % n]) if missing else None

@@ -102,7 +102,7 @@ def read_add_batch(data: bytes | bytearray | memoryview) -> AddBatchView:
             n, pos = _varint(view, pos, end)
             if n > end - pos:
                 raise DecodeError("a run runs past the end of the batch")
-            head, body = _without_bodies(view, pos, pos + n)
+            head, body = _without_bodies(view, pos, pos + n, _RUN_BODIES_FIELD)
             rest += _RUNS_TAG
             rest += varint(len(head))
             rest += head
@@ -114,17 +114,38 @@ def read_add_batch(data: bytes | bytearray | memoryview) -> AddBatchView:
     return AddBatchView(pb.AddBatch.FromString(bytes(rest)), bodies)
 
 
-def _without_bodies(view: memoryview, pos: int, end: int) -> tuple[bytearray, memoryview]:
-    """(an AddRun's fields but its bodies, its bodies as a view) of the run in view[pos:end]."""
+class ReadResultsView(NamedTuple):
+    """A ReadResults as read_results reads it: the message parsed without its packed bodies, and
+    the bodies as a read-only view of the bytes received."""
+
+    message: pb.ReadResults
+    bodies: memoryview
+
+
+_READ_BODIES_FIELD = pb.ReadResults.DESCRIPTOR.fields_by_name["bodies"].number
+
+
+def read_results(data: bytes | bytearray | memoryview) -> ReadResultsView:
+    """Decode a ReadResults leaving its bodies where they are (as read_add_batch does an AddBatch's):
+    protobuf would copy the bodies into the message, and again each time they are read from it;
+    a PACKED answer is nearly all bodies. DecodeError for what is not a well-formed message."""
+    view = memoryview(data).toreadonly()
+    head, bodies = _without_bodies(view, 0, len(view), _READ_BODIES_FIELD)
+    return ReadResultsView(pb.ReadResults.FromString(bytes(head)), bodies)
+
+
+def _without_bodies(view: memoryview, pos: int, end: int, field: int) -> tuple[bytearray, memoryview]:
+    """(a message's fields but its bodies, its bodies as a view) of the message in view[pos:end]
+    whose bodies are bytes field number `field` (given more than once: the last counts)."""
     head = bytearray()
     body = view[pos:pos]
     while pos < end:
         start = pos
         key, pos = _varint(view, pos, end)
-        if key == (_RUN_BODIES_FIELD << 3) | 2:
+        if key == (field << 3) | 2:
             n, pos = _varint(view, pos, end)
             if n > end - pos:
-                raise DecodeError("a run's bodies run past the end of the run")
+                raise DecodeError("a message's bodies run past its end")
             body = view[pos:pos + n]
             pos += n
         else:

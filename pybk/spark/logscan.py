@@ -124,20 +124,19 @@ def _split_keys(data: np.ndarray, klen: np.ndarray, plen: np.ndarray) -> tuple[n
     return data[~mask], data[mask]
 
 
-def decode_chunk(buf: bytes, bounds: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """The records of the entries buf[bounds[i]:bounds[i + 1]], decoded together: per entry only
+def decode_chunk(buf: bytes, starts: Sequence[int], ends: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The records of the entries buf[starts[i]:ends[i]], decoded together: per entry only
     its header is unpacked and its record headers viewed (numpy, no copy); then one array per
     column for all of them. Returns per record (its entry, its index in the segment, timestamp,
     key length, payload length, where its bytes start in buf) and per entry (first index, where
     its bytes end, producer, first sequence). CorruptEntryError for anything that is not a well-formed record entry, bounded by
     the entries' sizes whatever their headers claim."""
-    n = len(bounds) - 1
+    n = len(starts)
     heads, counts, firsts, data_starts, data_ends = [], np.empty(n, np.int64), np.empty(n, np.int64), \
         np.empty(n, np.int64), np.empty(n, np.int64)
     producers, sequences = np.empty(n, np.int64), np.empty(n, np.int64)
     mv = memoryview(buf)
-    for e in range(n):
-        start, end = bounds[e], bounds[e + 1]
+    for e, (start, end) in enumerate(zip(np.asarray(starts, np.int64).tolist(), np.asarray(ends, np.int64).tolist())):
         if end - start < codec.ENTRY_HEADER_SIZE:
             raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
         magic, version, _flags, count, first, _max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
@@ -197,9 +196,11 @@ class Columns:
         self.sequence: list[np.ndarray] = []
         self.rows = 0
 
-    def add_chunk(self, buf: bytes, bounds: Sequence[int], seg_first: int, lo: int, hi: int) -> None:
-        """The records of the entries buf[bounds[i]:bounds[i + 1]] whose offsets are in [lo, hi)."""
-        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(buf, bounds)
+    def add_chunk(self, buf: bytes, entry_starts: Sequence[int], entry_ends: Sequence[int], seg_first: int,
+                  lo: int, hi: int) -> None:
+        """The records of the entries buf[entry_starts[i]:entry_ends[i]] whose offsets are in [lo, hi)."""
+        entry_of, index, ts, klen, plen, starts, firsts, data_ends, producers, sequences = decode_chunk(
+            buf, entry_starts, entry_ends)
         offsets = index + seg_first
         a = int(np.searchsorted(offsets, lo, side="left"))
         z = int(np.searchsorted(offsets, hi, side="left"))
@@ -268,9 +269,13 @@ class Columns:
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
 
-def sub_range(entry_bytes: float) -> int:
-    """Entries per sub-range read: about ARROW_BATCH_BYTES of entries."""
-    return max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
+def sub_range(entry_bytes: float, i: int = PREFETCH) -> int:
+    """Entries of a partition's i-th sub-range read (from 0): about ARROW_BATCH_BYTES of entries,
+    the first PREFETCH ramping up from 1/PREFETCH of that. The PREFETCH reads in flight share the
+    bookies' bandwidth, so equal ones would all end together, late; a task's first batch, which
+    Spark waits for with nothing else to do, comes that much sooner."""
+    full = max(1, min(4096, int(ARROW_BATCH_BYTES // max(entry_bytes, 1.0))))
+    return max(1, full * min(i + 1, PREFETCH) // PREFETCH)
 
 
 async def _read_log_batches(uri: str, security: ClientSecurity | None, part: LogPartition,
@@ -283,19 +288,20 @@ async def _read_log_batches(uri: str, security: ClientSecurity | None, part: Log
     async def fetch(first: int, last: int) -> pa.RecordBatch | None:
         cols = Columns(part.log, schema)
         async for chunk in ledger_reader.read_chunks(bk, md, part.password, first, last):
-            cols.add_chunk(chunk.buffer, chunk.offsets, part.seg_first, part.lo, part.hi)
+            cols.add_chunk(chunk.buffer, chunk.starts, chunk.ends, part.seg_first, part.lo, part.hi)
         return cols.batch()
 
-    step = sub_range(part.entry_bytes)
     next_first = part.first_entry
+    launched = 0
     pending: deque[asyncio.Task] = deque()
 
     def launch() -> None:
-        nonlocal next_first
+        nonlocal next_first, launched
         while len(pending) < PREFETCH and next_first <= part.last_entry:
-            last = min(part.last_entry, next_first + step - 1)
+            last = min(part.last_entry, next_first + sub_range(part.entry_bytes, launched) - 1)
             pending.append(asyncio.ensure_future(fetch(next_first, last)))
             next_first = last + 1
+            launched += 1
 
     try:
         launch()

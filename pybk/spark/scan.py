@@ -37,12 +37,13 @@ class LedgerPartition(InputPartition):
 
 
 def chunk_columns(chunk: EntryChunk) -> tuple[pa.Array, pa.Array]:
-    """The chunk's entry ids and payloads as Arrow arrays, built from its buffer and offsets
-    (no copy), not from an object per entry."""
+    """The chunk's entry ids and payloads as Arrow arrays, built from its payloads gathered back to
+    back once and their offsets, not from an object per entry."""
     first = chunk.first_entry_id
     ids = pa.array(np.arange(first, first + len(chunk), dtype=np.int64))
-    offsets = pa.array(chunk.offsets, pa.int32()).buffers()[1]
-    return ids, pa.Array.from_buffers(pa.binary(), len(chunk), [None, offsets, pa.py_buffer(chunk.buffer)])
+    data, offsets = chunk.packed()
+    return ids, pa.Array.from_buffers(pa.binary(), len(chunk), [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                                pa.py_buffer(data)])
 
 
 def sub_range_entries(avg_entry_bytes: float | None) -> int:

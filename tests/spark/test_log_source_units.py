@@ -9,8 +9,8 @@ import pytest
 
 from pybk.log import codec
 from pybk.spark.logoptions import LogReadOptions, LogWriteOptions, parse_logs
-from pybk.spark.logscan import (Columns, decode_chunk, log_arrow_schema, pieces_of, projection,
-                                split_entries)
+from pybk.spark.logscan import (ARROW_BATCH_BYTES, PREFETCH, Columns, decode_chunk, log_arrow_schema, pieces_of,
+                                projection, split_entries, sub_range)
 from pybk.spark.logwriter import producer_id
 from pybk.spark.options import OptionError
 
@@ -64,7 +64,7 @@ def test_a_chunk_decodes_to_the_records_codec_decodes_cut_to_the_offset_range():
     want = [r for body in bodies for r in codec.decode(body).records(codec.decode(body).header.first_index + 50)]
     for lo, hi in ((50, 63), (52, 61), (54, 55), (60, 99)):
         cols = Columns("x", log_arrow_schema(True))
-        cols.add_chunk(buf, bounds, 50, lo, hi)
+        cols.add_chunk(buf, bounds[:-1], bounds[1:], 50, lo, hi)
         batch = cols.batch()
         got = [(r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["payload"], r["producer_id"], r["sequence"])
                for r in batch.to_pylist()]
@@ -83,13 +83,20 @@ def test_a_hostile_entry_fails_naming_what_is_wrong(damage, error):
     buf, bounds, _ = entries([[(b"abc", b"k", 1), (b"de", None, 2)]])
     bad = damage(buf)
     with pytest.raises(codec.CorruptEntryError, match=error):
-        decode_chunk(bad, [0, len(bad)])
+        decode_chunk(bad, [0], [len(bad)])
 
 
 def test_partitions_are_cut_by_bytes_and_then_to_the_minimum_count():
     assert split_entries(0, 99, 1000.0, 25_000) == [(0, 24), (25, 49), (50, 74), (75, 99)]
     assert split_entries(10, 12, 1000.0, 1 << 30, 5) == [(10, 10), (11, 11), (12, 12)]
     assert pieces_of([100, 10], 4) == [3, 1] and pieces_of([1, 1], 5) == [1, 1]
+
+
+def test_a_partition_reads_small_sub_ranges_first_then_batches_of_a_few_mib():
+    full = ARROW_BATCH_BYTES // 65536
+    sizes = [sub_range(65536.0, i) for i in range(PREFETCH + 2)]
+    assert sizes == sorted(sizes) and sizes[0] == full // PREFETCH and sizes[PREFETCH - 1:] == [full] * 3
+    assert [sub_range(float(64 << 20), i) for i in range(PREFETCH)] == [1] * PREFETCH   # huge entries: one each
 
 
 def test_producer_ids_are_stable_positive_and_distinct_per_job_and_query():
@@ -115,12 +122,12 @@ def test_a_narrower_schema_builds_only_its_columns_in_its_order():
     full = Columns("x", projection(_struct("log string, offset long, timestamp timestamp, key binary, "
                                           "payload binary, producer_id long, sequence long")))
     assert full.schema == log_arrow_schema(True)
-    full.add_chunk(buf, bounds, 0, 51, 56)
+    full.add_chunk(buf, bounds[:-1], bounds[1:], 0, 51, 56)
     want = full.batch()
     for ddl in ("payload binary", "sequence long, payload binary, offset long", "key binary", "log string",
                 "timestamp timestamp, producer_id long"):
         cols = Columns("x", projection(_struct(ddl)))
-        cols.add_chunk(buf, bounds, 0, 51, 56)
+        cols.add_chunk(buf, bounds[:-1], bounds[1:], 0, 51, 56)
         got = cols.batch()
         assert got.schema.names == [f.split()[0] for f in ddl.split(", ")]
         assert got.equals(want.select(got.schema.names)), ddl
