@@ -291,7 +291,7 @@ class LocalCluster:
                 self.wait_bookie(ordinal, timeout)
             self.ensure_resources(timeout)
             # one pass of the controller, as `pybk local apply` runs: e.g. the ledger defaults
-            asyncio.run(self._reconcile(timeout, 0.5, lambda: False, None))
+            asyncio.run(self._reconcile(timeout, 0.5, lambda: False, None, announce=False))
         except BaseException:
             self.stop()
             raise
@@ -317,7 +317,10 @@ class LocalCluster:
         return self.write_local_json()
 
     async def _reconcile(self, timeout: float, poll: float, interrupted: Callable[[], bool],
-                         on_progress: Callable[[Conditions], None] | None) -> None:
+                         on_progress: Callable[[Conditions], None] | None, announce: bool = True) -> None:
+        """Act on the controller's plan until it has nothing left to do; with announce, local.json
+        shows each step's outcome (not while starting: local.json announces a cluster that serves,
+        and a Ctrl-C before then aborts the start)."""
         from pybk.meta import MetadataStore
         deadline = time.monotonic() + timeout
         store = await MetadataStore.connect(self.metadata_uri)
@@ -344,7 +347,8 @@ class LocalCluster:
                     return
                 for a in work:
                     await self.act(store, a)
-                self.write_local_json()
+                if announce:
+                    self.write_local_json()
                 if interrupted():
                     raise ReconcileInterrupted("a newer manifest or a stop arrived before this change finished")
                 if time.monotonic() > deadline:

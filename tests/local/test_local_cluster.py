@@ -111,6 +111,22 @@ def test_down_stops_every_recorded_process(tmp_path, child_processes):
     assert not (tmp_path / "d" / "local.json").exists()
 
 
+def test_local_json_appears_only_once_the_cluster_serves(tmp_path, child_processes):
+    """local.json announces a cluster that serves: until then a Ctrl-C aborts the start (exit
+    130) instead of stopping the cluster cleanly, and the Ctrl-C test sends its signal once the
+    file is there. The start's own pass of the controller acts (here the ledger defaults) and
+    must announce nothing before."""
+    from pybk.local.manifest import load_spec
+    from pybk.local.platform import LocalCluster
+    cluster = LocalCluster(load_spec(manifest(tmp_path, 1, 1)), tmp_path / "d")
+    seen = []
+    try:
+        cluster.start(serving=lambda: seen.append((tmp_path / "d" / "local.json").exists()))
+    finally:
+        cluster.stop()
+    assert seen == [False]
+
+
 def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, child_processes):
     data_dir = tmp_path / "d"
     proc = subprocess.Popen([*PYBK, "local", "up", "-f", str(manifest(tmp_path, 1, 1)), "--data-dir", str(data_dir)],
