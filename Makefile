@@ -22,8 +22,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # a shuffled order every run (pytest-randomly prints its seed: SEED=N runs that order again)
 ORDER := -p randomly $(if $(SEED),--randomly-seed=$(SEED))
 
-# Two workers: at four the suite took 7:38-8:46 instead of about ten minutes, but the attack tests' bounds on the
-# bookie's event-loop stalls (200-250 ms of wall time) then failed in 2 of 3 runs, from the suite's own CPU contention.
+# Two workers (10:59 on a fresh clone): at four the suite took 7:38-8:46, but the attack tests' bounds on the bookie's
+# event-loop stalls (200-250 ms of wall time) then failed in one run of three, from the suite's own CPU contention.
 test: venv  # every test, on two workers (real etcd, bookies, Spark, the operator process), then the 25 slowest
 	$(PY) -m pytest -q -p no:cacheprovider $(ORDER) -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
