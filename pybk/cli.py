@@ -21,7 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _chosen(argv: list[str]) -> str | None:
+def chosen_command(argv: list[str]) -> str | None:
+    """The command argv names (its first word that is not an option), None if it names none."""
     for arg in argv:
         if not arg.startswith("-"):
             return arg if arg in COMMANDS else None
@@ -33,7 +34,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pybk", description="pybk: replicated, append-only ledger storage (BookKeeper model).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = _chosen(argv)
+    chosen = chosen_command(argv)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from functools import partial
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from pybk.entry import encode, master_key
 from pybk.meta.ledgers import LedgerMetadata
@@ -24,6 +24,9 @@ from .errors import (AccessDeniedError, BKError, LedgerClosedError, LedgerFenced
 from .quorum import AckTracker, write_quorums
 from .reaction import Reaction, reaction
 from .types import EntryChunk, LedgerEntry
+
+if TYPE_CHECKING:
+    from .bookie_client import BookieClient
 
 log = logging.getLogger("pybk.client")
 
@@ -264,6 +267,10 @@ class LedgerHandle:
             self._release_held()
         self._arm_lac()
 
+    def _live_clients(self) -> list[tuple[int, BookieClient]]:
+        """(ensemble index, client) of every bookie of the ensemble this writer has not given up on."""
+        return [(idx, c) for idx, c in enumerate(self._clients) if c is not None and idx not in self._failed]
+
     def _live_pending(self) -> list[_Pending]:
         return self._pending[self._head:]
 
@@ -293,11 +300,10 @@ class LedgerHandle:
                 or self._lac_writes:
             return
         self._lac_told = lac
-        for idx, c in enumerate(self._clients):
-            if c is not None and idx not in self._failed:
-                t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
-                self._lac_writes += 1
-                t.add_done_callback(self._lac_written)
+        for _, c in self._live_clients():
+            t = asyncio.ensure_future(c.write_lac(self._md.ledger_id, lac, self.master_key))
+            self._lac_writes += 1
+            t.add_done_callback(self._lac_written)
 
     def _lac_written(self, t: asyncio.Future) -> None:
         """A bookie answered a WriteLac: once all have, a LAC that rose meanwhile goes out."""
@@ -321,7 +327,7 @@ class LedgerHandle:
         if lac < 0 or self._error is not None or not self.writable:
             return
         self._lac_told = max(self._lac_told, lac)
-        live = [(idx, c) for idx, c in enumerate(self._clients) if c is not None and idx not in self._failed]
+        live = self._live_clients()
         results = await asyncio.gather(*(c.write_lac(self.ledger_id, lac, self.master_key) for _, c in live),
                                        return_exceptions=True)
         for (idx, _), r in zip(live, results):

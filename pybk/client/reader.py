@@ -268,7 +268,7 @@ async def _read_striped(bk: "BookKeeper", md: LedgerMetadata, password: bytes, a
     while a <= b0:
         b = min(b0, a + CHUNK * n - 1)
         starts = [a + (i - a) % n for i in range(n)]   # bookie i's first entry in a..b
-        got = [[bytes(bodies[s:e]) for bodies, starts, ends in pieces for s, e in zip(starts.tolist(), ends.tolist())]
+        got = [[p for bodies, s, e in pieces for p in EntryChunk(md.ledger_id, 0, bodies, s, e).payloads()]
                for pieces in await asyncio.gather(
             *(_stream_chunk(bk, md, password, starts[i], b, ensemble[i], n) for i in range(n)))]
         missing = [e for e in range(a, b + 1) if (e - starts[e % n]) // n >= len(got[e % n])]

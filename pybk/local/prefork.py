@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import select
 import signal
 import socket
 import struct
@@ -23,11 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-# What a pybk command imports before it serves: imported by the preforker at its first start of
-# that command, so every later start forks with them in memory. Only modules that read no
-# environment when imported (kopf does: an operator forked with it loaded finds no credentials).
-WARM = {"bookie": ("pybk.bookie.main",),
-        "autorecovery": ("pybk.autorecovery.main",)}
+# The pybk commands whose module (pybk.cli.COMMANDS) the preforker imports at their first start,
+# so every later start forks with it in memory. Only modules that read no environment when
+# imported (kopf does: an operator forked with it loaded finds no credentials, so not "operator").
+WARM = frozenset({"bookie", "autorecovery"})
 _HEADER = struct.Struct("!I")
 
 
@@ -139,7 +137,8 @@ def _become(request: dict) -> None:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 1 << 20 else 1 << 16)
+        limit = os.sysconf("SC_OPEN_MAX")
+        os.closerange(3, limit if limit < 1 << 20 else 1 << 16)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -169,10 +168,12 @@ def _become(request: dict) -> None:
 
 
 def _warm(argv: list[str]) -> None:
-    """Import what the command in argv imports before it serves (WARM), once."""
-    command = next((a for a in argv[3:] if not a.startswith("-")), None) if argv[2] == "pybk.cli" else None
-    for module in WARM.get(command, ()):
-        importlib.import_module(module)
+    """Import the module of the pybk.cli command in argv if it is one of WARM (once: imported
+    modules stay)."""
+    from pybk.cli import COMMANDS, chosen_command
+    command = chosen_command(argv[3:]) if argv[2] == "pybk.cli" else None
+    if command in WARM:
+        importlib.import_module(COMMANDS[command][0])
 
 
 def _serve(sock: socket.socket) -> None:
