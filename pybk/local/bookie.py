@@ -79,13 +79,18 @@ class BookieProcess(AdminHttp, ChildProcess):
                 self.wait_ready(self.is_ready, timeout)
                 return
             except RuntimeError:
-                if (attempt + 1 == attempts or self.alive() or not self._chosen_ports
-                        or "cannot listen for" not in self.log_tail(5)):
+                if attempt + 1 == attempts or not self._chosen_ports or not self.lost_its_port():
                     raise
             self.port, self.http_port = free_port(self.host), free_port(self.host)
             self.bookie_id = f"{self.host}:{self.port}"
             self.name = f"bookie {self.bookie_id}"
             self.start(wait=False)
+
+    def lost_its_port(self) -> bool:
+        """True when the process exited because another process took one of its ports between
+        their choice and its bind: it says so before it touches its dirs, so starting it again on
+        other ports is safe."""
+        return not self.alive() and "cannot listen for" in self.log_tail(5)
 
     def restart(self, timeout: float = 60.0) -> "BookieProcess":
         """Stop (SIGTERM) and start again on the same dirs and ports."""

@@ -106,6 +106,16 @@ class Ports:
                 write_json(self.path, self._doc)
                 return candidate
 
+    def renew(self, *where: str) -> int:
+        """A new free port for `where` in place of the recorded one, which another process took
+        between its choice and its use (recorded)."""
+        *sections, key = where
+        section = self._doc
+        for name in sections:
+            section = section.setdefault(name, {})
+        section.pop(key, None)
+        return self.port(*where)
+
     def bookie_slot(self, ordinal: int, base_dir: Path) -> BookieSlot:
         """Bookie ordinal N's id, ports and dirs for starting it."""
         name = bookie_id(ordinal)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from pathlib import Path
 
 from pybk.cluster.actions import StartDecommission
 from pybk.cluster.observed import DecommissionPhase
+from pybk.local import slots
 from pybk.local.control import pid_alive
 from pybk.local.manifest import load_spec
 from pybk.local.platform import LocalCluster
@@ -57,3 +59,26 @@ async def test_a_decommission_of_a_bookie_etcd_does_not_know_counts_as_done(meta
     finally:
         await store.close()
     assert observed.bookie(3).decommission is DecommissionPhase.DONE
+
+
+def test_a_bookie_whose_port_is_taken_before_it_binds_starts_on_new_ports(tmp_path, child_processes, monkeypatch):
+    """Another process can take a bookie's port between its choice and the bookie's bind (at four
+    test workers it happened): the bookie says so and exits before it touches its dirs, and the
+    cluster starts it again on new ports instead of failing `pybk local up`. The race is made
+    certain by holding the recorded port while the check that it is free looks away."""
+    cluster = LocalCluster(_etcd_only(), tmp_path)
+    taken = cluster.slot(0).grpc_port
+    really_free = slots.port_free
+    monkeypatch.setattr(slots, "port_free", lambda host, port: port == taken or really_free(host, port))
+    with socket.create_server(("127.0.0.1", taken)):
+        try:
+            cluster.start_etcd()
+            cluster.start_bookie(0, wait=False)
+            cluster.wait_bookie(0)
+            bookie = cluster.bookies[0]
+            assert bookie.is_ready() and bookie.port != taken and bookie.bookie_id == "bookie-0"
+            recorded = json.loads(cluster.ports.path.read_text())["bookies"]["bookie-0"]
+            assert recorded == {"grpc": bookie.port, "http": bookie.http_port}  # a restart keeps the new ports
+            assert f"cannot listen for gRPC on 127.0.0.1:{taken}" in bookie.log_path.read_text()
+        finally:
+            cluster.stop()
