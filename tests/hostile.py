@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -68,7 +69,7 @@ async def open_connection(address: str, tls: bool = False) -> tuple[asyncio.Stre
 ADD = "/pybk.Bookie/Add"
 READ = "/pybk.Bookie/Read"
 ENHANCE_YOUR_CALM = 0xB
-NICE = 10
+NICE = -10  # when permitted (root): ahead of other tests' processes, behind the favoured bookie
 
 
 def headers(path: str, tls: bool = False) -> list[tuple[str, str]]:
@@ -486,9 +487,11 @@ def main() -> None:
         kwargs["window"] = args.window
     if args.connections is not None:
         kwargs["connections"] = args.connections
-    # an attacker would be another host: here it shares the test's cores, and what it measures is
-    # the bookie's work per attack, not who wins the CPU, so the bookie and the writer come first
-    os.nice(NICE)
+    # an attacker would be another host with cores of its own: here it shares the test's, so it
+    # runs ahead of other tests' processes, and behind the bookie and the writer, which the test
+    # runs in real time (procfs.favoured): what it measures is the bookie's work per attack
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
     print(json.dumps(asyncio.run(ATTACKS[args.attack](args.address, **kwargs))))
 
 

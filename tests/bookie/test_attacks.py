@@ -29,13 +29,12 @@ from pybk.client import BookKeeper
 from pybk.local.bookie import BookieProcess
 from pybk.meta import MetadataStore
 from polling import eventually
-from procfs import rss
+from procfs import favoured, rss
 from security.security_helpers import make_pki
 
 HOSTILE = Path(__file__).parents[1] / "hostile.py"
 MB = 1000 * 1000
 ENHANCE_YOUR_CALM = 0xB
-FAVOURED = -10  # nice of the bookie and the writer while attacked
 STALL_BOUND = 0.2   # seconds (see the module's notes); a bucket of pybk_event_loop_lag_seconds
 LAG = "pybk_event_loop_lag_seconds"
 ROWS: list[dict] = []
@@ -106,27 +105,6 @@ async def scrape(bookie: BookieProcess) -> dict[str, float]:
 async def sample(bookie: BookieProcess, name: str) -> float:
     """One sample of the bookie's /metrics (0 if absent)."""
     return (await scrape(bookie)).get(name, 0.0)
-
-
-@contextlib.contextmanager
-def favoured(*pids: int):
-    """Run the bookie and the writer (this process) at a higher priority than the rest of the
-    machine while attacked: the figures are of what an attack costs the bookie, and other tests'
-    processes sharing these cores are no part of it (the attacker runs below them, at nice
-    hostile.NICE). Needs root; elsewhere the priorities stay as they are."""
-    threads = [int(t) for pid in (os.getpid(), *pids) for t in os.listdir(f"/proc/{pid}/task")]
-    before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in threads}  # Linux: a nice per thread
-    try:
-        for tid in before:
-            os.setpriority(os.PRIO_PROCESS, tid, FAVOURED)
-    except PermissionError:
-        pass
-    try:
-        yield
-    finally:
-        for pid, nice in before.items():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 @contextlib.asynccontextmanager

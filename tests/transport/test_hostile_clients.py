@@ -21,6 +21,7 @@ import pytest
 
 import h2frames
 from polling import eventually
+from procfs import favoured
 
 from pybk.transport import ngh2_server
 from pybk.transport.grpc_server import Kind, Method, Server
@@ -318,29 +319,30 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
     over every open stream per entry, 28 s with 1,000 streams. Now libnghttp2 refuses more than 32
     entries, applies a frame's repeated entries once, and the PING/SETTINGS rate ends the flood."""
     address, server, seen = served
-    raw = await Raw.connect(address)
-    raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
-    await eventually(lambda: seen["started"] == 1000, timeout=20, interval=0.05, what="1000 calls open")
-    watch = LoopWatch()
-    many_small = b"".join(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 65_535 + (i & 1)))
-                          for i in range(20_000))
-    raw.writer.write(many_small)
-    code, why = await raw.goaway()
-    longest = watch.stop()
-    assert code == ENHANCE_YOUR_CALM, why
-    assert longest < 0.25, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"  # before: 28 s
-    raw.close()
-    # and one frame with thousands of entries, on a connection of its own
-    raw = await Raw.connect(address)
-    raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
-    await eventually(lambda: seen["started"] == 2000, timeout=20, interval=0.05, what="1000 more calls open")
-    watch = LoopWatch()
-    raw.writer.write(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 70_000) * 2_000))
-    code, why = await raw.goaway()
-    longest = watch.stop()
-    assert code == ENHANCE_YOUR_CALM and "too many setting entries" in why
-    assert longest < 0.1, f"a SETTINGS frame of 2,000 entries blocked the loop {longest * 1e3:.0f} ms"
-    raw.close()
+    with favoured():  # the loop's stalls in wall time: this test's own work, not its neighbours'
+        raw = await Raw.connect(address)
+        raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
+        await eventually(lambda: seen["started"] == 1000, timeout=20, interval=0.05, what="1000 calls open")
+        watch = LoopWatch()
+        many_small = b"".join(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 65_535 + (i & 1)))
+                              for i in range(20_000))
+        raw.writer.write(many_small)
+        code, why = await raw.goaway()
+        longest = watch.stop()
+        assert code == ENHANCE_YOUR_CALM, why
+        assert longest < 0.25, f"many SETTINGS frames blocked the loop {longest * 1e3:.0f} ms"  # before: 28 s
+        raw.close()
+        # and one frame with thousands of entries, on a connection of its own
+        raw = await Raw.connect(address)
+        raw.writer.write(b"".join(raw.request(1 + 2 * i) for i in range(1000)))
+        await eventually(lambda: seen["started"] == 2000, timeout=20, interval=0.05, what="1000 more calls open")
+        watch = LoopWatch()
+        raw.writer.write(h2frames.frame(h2frames.SETTINGS, 0, 0, h2frames.SETTING.pack(4, 70_000) * 2_000))
+        code, why = await raw.goaway()
+        longest = watch.stop()
+        assert code == ENHANCE_YOUR_CALM and "too many setting entries" in why
+        assert longest < 0.1, f"a SETTINGS frame of 2,000 entries blocked the loop {longest * 1e3:.0f} ms"
+        raw.close()
 
 
 async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(served):
