@@ -1,5 +1,9 @@
 """Autorecovery's `pybk shell` commands: listunderreplicated, whoisauditor, triggeraudit,
-decommission, recover (registered into pybk.shell through its EXTENSION_MODULES)."""
+decommission, recover (registered into pybk.shell through its EXTENSION_MODULES).
+
+`admin` and `decommission` are imported by the commands that call them: imported here, they
+would cost every shell command (this module is loaded to build the parser) 0.2 s of CPU for
+aiohttp."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from pybk.recovery import admin, decommission, plan
+from pybk.recovery import plan
 from pybk.shell import Shell, ShellError, command, format_table
 
 
@@ -44,6 +48,7 @@ def _render_markers(rows: list[dict[str, Any]], args: Any = None) -> str:
 @command("listunderreplicated", "list the ledgers marked under-replicated (and which bookies lack replicas)",
          None, _render_markers)
 async def listunderreplicated(sh: Shell, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from pybk.recovery import admin
     return await admin.list_under_replicated(await sh.store())
 
 
@@ -55,12 +60,14 @@ def _render_auditor(d: dict[str, Any] | None, args: Any = None) -> str:
 
 @command("whoisauditor", "show which autorecovery process is the elected auditor", None, _render_auditor)
 async def whoisauditor(sh: Shell, args: argparse.Namespace) -> dict[str, Any] | None:
+    from pybk.recovery import admin
     return await admin.who_is_auditor(await sh.store())
 
 
 @command("triggeraudit", "ask the auditor to run the full check (every ledger's replicas) now", None,
          lambda d, args: f"audit triggered on {d.get('auditor')}")
 async def triggeraudit(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
+    from pybk.recovery import admin
     try:
         return await admin.trigger_audit(await sh.store())
     except admin.AdminError as exc:
@@ -83,6 +90,7 @@ def _render_decommission(d: dict[str, Any], args: Any = None) -> str:
 @command("decommission", "drain a bookie: read-only, re-replicate its ledgers elsewhere, delete its cookie",
          _bookie_args, _render_decommission)
 async def decommission_cmd(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
+    from pybk.recovery import admin, decommission
     store = await sh.store()
     bar = _Progress(args.output != "json")
 
@@ -103,6 +111,7 @@ async def decommission_cmd(sh: Shell, args: argparse.Namespace) -> dict[str, Any
          _bookie_args, lambda d, args: (f"recovered {d['bookie']}: {len(d['marked'])} ledgers re-replicated"
                                         if d.get("done") else f"marked {len(d['marked'])} ledgers of {d['bookie']}"))
 async def recover(sh: Shell, args: argparse.Namespace) -> dict[str, Any]:
+    from pybk.recovery import admin
     store = await sh.store()
     bar = _Progress(args.output != "json")
 
