@@ -338,6 +338,11 @@ class BookieClient:
         run.size += size
         return run
 
+    @property
+    def busy(self) -> bool:
+        """A batch of adds is in flight: an add queued now goes out once it is answered."""
+        return self._inflight > 0
+
     def _appended(self, size: int) -> None:
         self._pending += 1
         self._pending_bytes += size

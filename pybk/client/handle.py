@@ -21,7 +21,7 @@ from .close import CloseOutcome, close_at
 from .ensemble_change import EnsembleChange, change_ensemble, not_open_error
 from .errors import (AccessDeniedError, BKError, LedgerClosedError, LedgerFencedError,
                      NotEnoughBookiesError, UnauthorizedError, status_of)
-from .quorum import AckTracker, write_quorums
+from .quorum import AckTracker, first_copies, write_quorums
 from .reaction import Reaction, reaction
 from .types import EntryChunk, LedgerEntry
 
@@ -157,10 +157,9 @@ class LedgerHandle:
         failed, clients, sinks, mk = self._failed, self._clients, self._sinks, self.master_key
         ws = self._ws[eid % md.ensemble_size]
         if lone and self._hold_delay and not failed:
-            qa = md.ack_quorum
-            self._held = (eid, body, ws[qa:])
+            ws, held = first_copies(ws, md.ack_quorum, [c is None or c.busy for c in clients])
+            self._held = (eid, body, held)
             self._held_timer = self._loop.call_later(self._hold_delay, self._release_held)
-            ws = ws[:qa]
         elif self._held is not None:  # adds overlap now: the held copies go with this one's
             self._release_held()
         for idx in ws:

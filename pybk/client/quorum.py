@@ -24,6 +24,14 @@ def write_quorums(ensemble: int, write_quorum: int) -> list[list[int]]:
     return [write_set(i, ensemble, write_quorum) for i in range(ensemble)]
 
 
+def first_copies(ws: Sequence[int], ack_quorum: int, busy: Sequence[bool]) -> tuple[list[int], list[int]]:
+    """A lone add's write set split into the Qa indices sent at once and the rest (held): the
+    idle bookies first (`busy[i]`: index i has a batch in flight, which an add to it would
+    wait behind), else in write-set order. Any Qa copies of the write set ack the entry."""
+    order = sorted(ws, key=busy.__getitem__)   # stable: write-set order among equals
+    return order[:ack_quorum], order[ack_quorum:]
+
+
 def fencing_complete(ensemble: int, write_quorum: int, ack_quorum: int, answered: Iterable[int]) -> bool:
     """True once every write quorum has at least Qw - Qa + 1 answering bookies.
 

@@ -11,7 +11,7 @@ import pytest
 from pybk.client.close import CloseOutcome, after_close_conflict, close_at
 from pybk.client.errors import NoSuchEntryError, NotEnoughBookiesError
 from pybk.client.placement import choose_ensemble, replace_bookies
-from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete,
+from pybk.client.quorum import (AckTracker, RecoveryDecision, ReplicaAnswer, fencing_complete, first_copies,
                                 recovery_read_decision, validate, write_quorums)
 from pybk.client.reader import check_range
 from pybk.meta.ledgers import Fragment, LedgerMetadata, LedgerState, Unchanged
@@ -21,6 +21,15 @@ F, M, X = ReplicaAnswer.FOUND, ReplicaAnswer.MISSING, ReplicaAnswer.ERROR
 
 def test_write_quorums_are_the_write_sets_from_each_index():
     assert write_quorums(3, 3) == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+
+
+def test_a_lone_adds_first_copies_go_to_idle_bookies_in_write_set_order():
+    ws = [1, 2, 0]
+    assert first_copies(ws, 2, [False, False, False]) == ([1, 2], [0])
+    assert first_copies(ws, 2, [False, False, True]) == ([1, 0], [2])   # 2 answers a batch first
+    assert first_copies(ws, 2, [True, True, False]) == ([2, 1], [0])
+    assert first_copies(ws, 2, [True, True, True]) == ([1, 2], [0])
+    assert first_copies([3, 4, 0], 1, [False, True, False, True, True]) == ([0], [3, 4])
 
 
 def test_validate_rejects_bad_quorums():
