@@ -6,10 +6,13 @@ Python process (`python -m pybk.local.prefork`) that imports them once and forks
 each start. The child then runs the same module with the same argv, environment, working
 directory and log as a spawned one would, in a session of its own, so its process group is
 signalled as a spawned child's is. The preforker is its parent: it reaps it and tells its exit
-status when asked (`PreforkedChild` answers as a Popen does).
+status when asked (`PreforkedChild` answers as a Popen does). Children still running when the
+asking process closes the preforker are killed with it: a test run's processes end with the run,
+even those a test failed to stop.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -116,7 +119,7 @@ class Preforker:
         return PreforkedChild(self, answer["pid"])
 
     def close(self) -> None:
-        """Stop the preforker (children it started run on, then init is their parent)."""
+        """Stop the preforker and every child it started that still runs."""
         with self._lock:
             if self._sock is not None:
                 self._sock.close()
@@ -180,16 +183,10 @@ def _serve(sock: socket.socket) -> None:
     """Fork a child per start request, and tell a child's exit status when asked, until the
     asking process closes the socket."""
     ended: dict[int, int] = {}
+    started: set[int] = set()
     while (request := _receive(sock)) is not None:
         if "poll" in request:
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if not pid:
-                    break
-                ended[pid] = os.waitstatus_to_exitcode(status)
+            _reap(ended)
             _send(sock, {"returncode": ended.get(request["poll"])})
             continue
         _warm(request["argv"])
@@ -198,7 +195,26 @@ def _serve(sock: socket.socket) -> None:
             sock.close()
             os.setsid()          # its own session and process group, as a spawned child's
             _become(request)
+        started.add(child)
         _send(sock, {"pid": child})
+    _reap(ended)
+    for pid in started - ended.keys():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)   # its own group (setsid): it and whatever it started
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _reap(ended: dict[int, int]) -> None:
+    """Note the exit status of every child that has ended since the last call."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        ended[pid] = os.waitstatus_to_exitcode(status)
 
 
 def main() -> None:

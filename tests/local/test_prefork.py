@@ -10,6 +10,7 @@ import sys
 
 from pybk.local.bookie import BookieProcess
 from pybk.local.prefork import Preforker, PreforkedChild
+from pybk.local.process import free_port
 
 
 def test_a_forked_command_prints_and_exits_as_a_spawned_one(tmp_path, child_processes):
@@ -44,3 +45,30 @@ def test_a_forked_bookie_is_its_own_process_group_and_is_reaped_with_its_status(
     again.signal(signal.SIGKILL)
     assert again.proc.wait(30) == -signal.SIGKILL
     assert not again.alive()
+
+
+def test_children_still_running_when_the_preforker_closes_are_killed_with_it(tmp_path, child_processes):
+    """A test that fails to stop a process it started (a race in its teardown, say) must not leave
+    it running after the test run: closing the preforker kills every child it started that still
+    runs, and one that already ended is left as it was."""
+    preforker = Preforker()
+    try:
+        done = preforker.start([sys.executable, "-m", "pybk.cli", "bookie", "--help"], tmp_path / "done.log", None)
+        assert done.wait(60) == 0
+        left = preforker.start([sys.executable, "-m", "pybk.cli", "bookie", "--journal-dir", str(tmp_path / "j"),
+                                "--ledger-dir", str(tmp_path / "l"), "--port", str(free_port()),
+                                "--http-port", str(free_port())],
+                               tmp_path / "left.log", None)
+        assert left.poll() is None
+    finally:
+        preforker.close()
+    assert not _running(left.pid), f"pid {left.pid} outlived its preforker"
+
+
+def _running(pid: int) -> bool:
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

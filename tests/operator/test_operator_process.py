@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ class Kubelet:
         self.recovery: AutoRecoveryProcess | None = None
         self.recovery_paused = False
         self.restarts: list[Restart] = []
+        self._stepping = threading.Lock()  # a step runs in a thread: kill_all waits for it to end
+        self._closed = False
 
     def bookie_id(self, ordinal: int) -> str:
         return render.bookie_id(SPEC, ordinal)
@@ -144,6 +147,11 @@ class Kubelet:
 
     def step(self) -> None:
         """One pass: pods for ordinals below the StatefulSet's replicas, none above; readiness."""
+        with self._stepping:
+            if not self._closed:
+                self._step()
+
+    def _step(self) -> None:
         sts = self.api.get(STS)
         if sts is None:
             return
@@ -196,8 +204,12 @@ class Kubelet:
             self.recovery = None
 
     def kill_all(self) -> None:
-        for proc in [*self.bookies.values(), *([self.recovery] if self.recovery else [])]:
-            proc.kill()
+        """Kill every process started, once the step in flight (cancelling `run` leaves its thread
+        running) has ended, and start none after."""
+        with self._stepping:
+            self._closed = True
+            for proc in [*self.bookies.values(), *([self.recovery] if self.recovery else [])]:
+                proc.kill()
 
 
 class Operator:
