@@ -199,8 +199,9 @@ def _serve(sock: socket.socket) -> None:
         _send(sock, {"pid": child})
     _reap(ended)
     for pid in started - ended.keys():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)   # its own group (setsid): it and whatever it started
+        for kill in (os.kill, os.killpg):  # it (it may not have called setsid yet), then what it started
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
 
