@@ -304,13 +304,15 @@ async def test_an_idle_segment_is_rolled_so_retention_by_age_can_delete_it(clust
 
 async def test_interest_retention_keeps_what_the_lowest_cursor_still_needs(cluster):
     uri, _ = cluster
-    cfg = LogConfig(rollover=Rollover(max_records=10), retention=Retention(RetentionPolicy.INTEREST))
+    cfg = LogConfig(retention=Retention(RetentionPolicy.INTEREST))
     async with await BookKeeper.connect(uri) as bk:
         logs = Logs(bk)
         await logs.create("i", cfg, password=PW)
         async with await logs.open_writer("i", password=PW, options=WriterOptions(batch_bytes=40)) as w:
             for i in range(35):
                 await w.append(body(i))
+                if i % 10 == 9:
+                    await w.roll()   # segments of exactly 10: a roll by max_records lands where the next ledger is ready
         assert await logs.enforce_retention("i", password=PW) is None     # no cursor: nothing goes
         await logs.commit("i", "slow", 15)
         await logs.commit("i", "fast", 35)
