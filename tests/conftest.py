@@ -104,14 +104,20 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if message and not report.failed:
         report.outcome, report.longrepr = "failed", message
     if report.when == "call" and report.duration > SLOW_SECONDS and "Slow:" not in (item.obj.__doc__ or ""):
-        item.config.stash.setdefault(_unexplained_key, []).append((item.nodeid, report.duration))
+        report.user_properties.append((_UNEXPLAINED, report.duration))   # travels with the report to xdist's controller
 
 
-_unexplained_key = pytest.StashKey[list]()
+_UNEXPLAINED = "slow-without-a-reason"
+_unexplained: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the slow tests without a reason where reports are logged (xdist's controller)."""
+    _unexplained.extend((report.nodeid, seconds) for name, seconds in report.user_properties if name == _UNEXPLAINED)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    unexplained = config.stash.get(_unexplained_key, [])
+    unexplained = _unexplained
     if unexplained:
         terminalreporter.section(f"tests over {SLOW_SECONDS:.0f} s whose docstring has no 'Slow:' line")
         for nodeid, seconds in sorted(unexplained, key=lambda u: -u[1]):
