@@ -18,7 +18,7 @@ from pybk.bookie.disk import disk_fullness
 from pybk.config import BOOKIE
 from pybk.local.etcd import EtcdProcess
 from shared_etcd import EtcdNamespace
-from tiers import TierGuard, assign
+from tiers import TierGuard, assign, says_slow, slow_first
 
 _guard = TierGuard()
 _namespaces = itertools.count()
@@ -82,6 +82,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)   # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     assign(items)
+    slow_first(items)   # after pytest-randomly's shuffle, which runs in a wrapper around this hook
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -103,7 +104,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     message = _guard.violations.pop(item.nodeid, None)
     if message and not report.failed:
         report.outcome, report.longrepr = "failed", message
-    if report.when == "call" and report.duration > SLOW_SECONDS and "Slow:" not in (item.obj.__doc__ or ""):
+    if report.when == "call" and report.duration > SLOW_SECONDS and not says_slow(item):
         report.user_properties.append((_UNEXPLAINED, report.duration))   # travels with the report to xdist's controller
 
 

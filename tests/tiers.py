@@ -55,6 +55,22 @@ def assign(items: list[pytest.Item]) -> None:
                 _name_group(item, group)
 
 
+def says_slow(item: pytest.Item) -> bool:
+    """The test's docstring has a `Slow:` line: why it needs more than 30 s."""
+    return "Slow:" in (getattr(item, "obj", None).__doc__ or "")
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Move the slow tests, with every test of their xdist group, ahead of the rest, each part in
+    its shuffled order. xdist hands out work in collection order, so a test of a minute handed
+    out last keeps one worker busy while the others have finished."""
+    def unit(item: pytest.Item) -> str:
+        group = item.get_closest_marker("xdist_group")
+        return group.args[0] if group else item.nodeid
+    slow = {unit(item) for item in items if says_slow(item)}
+    items.sort(key=lambda item: unit(item) not in slow)   # stable: the shuffled order within each part
+
+
 def _name_group(item: pytest.Item, group: str) -> None:
     """On an xdist worker with `--dist loadgroup`, put the group in the node id ("<id>@<group>"),
     which is where the controller reads it. xdist 3.8 does this itself by setting `item._nodeid`,

@@ -115,7 +115,7 @@ async def attacked(bookie: BookieProcess, metadata_uri: str, security=None):
     writer = Writer(bk)
     await writer.start()
     try:
-        with favoured(bookie.pid):
+        async with favoured(bookie.pid):
             yield bookie, writer, store
     finally:
         await writer.stop()

@@ -19,7 +19,7 @@ async def test_a_stall_sets_the_longest_lag_and_a_histogram_sample():
     metrics = Metrics()
     watch = asyncio.ensure_future(metrics.watch_loop_lag(interval=0.01))
     try:
-        with favoured():  # one stall and no other: the loop's lag in wall time is this test's alone
+        async with favoured():  # one stall and no other: the loop's lag in wall time is this test's alone
             await eventually(lambda: value(metrics, "pybk_event_loop_lag_seconds_count") >= 3, 5, interval=0.01,
                              what="the first samples")
             time.sleep(0.3)  # the loop blocked, as by a long callback
