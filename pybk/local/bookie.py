@@ -5,6 +5,7 @@ import json
 import sys
 from http import HTTPStatus
 from pathlib import Path
+from typing import Callable
 
 from .process import AdminHttp, ChildProcess, free_port
 
@@ -70,21 +71,28 @@ class BookieProcess(AdminHttp, ChildProcess):
             self.wait_ready(self.is_ready, timeout)
         return self
 
-    def wait_started(self, timeout: float = 60.0, attempts: int = 3) -> None:
-        """Wait until ready after start(wait=False). A first start whose free ports another process
-        took meanwhile exits saying so, before touching its dirs; it is retried on new free ports
-        (only when we chose the ports and the id derived from them)."""
+    def wait_started(self, timeout: float = 60.0, attempts: int = 3,
+                     elsewhere: Callable[[], "BookieProcess"] | None = None) -> None:
+        """Wait until ready after start(wait=False). A first start whose ports another process took
+        meanwhile exits saying so, before touching its dirs; it is started again on new ports:
+        by `elsewhere()`, which returns the process it started, else on new free ports here (only
+        when we chose the ports and the id derived from them)."""
+        proc = self
         for attempt in range(attempts):
             try:
-                self.wait_ready(self.is_ready, timeout)
+                proc.wait_ready(proc.is_ready, timeout)
                 return
             except RuntimeError:
-                if attempt + 1 == attempts or not self._chosen_ports or not self.lost_its_port():
+                if (attempt + 1 == attempts or (elsewhere is None and not proc._chosen_ports)
+                        or not proc.lost_its_port()):
                     raise
-            self.port, self.http_port = free_port(self.host), free_port(self.host)
-            self.bookie_id = f"{self.host}:{self.port}"
-            self.name = f"bookie {self.bookie_id}"
-            self.start(wait=False)
+            proc = elsewhere() if elsewhere is not None else proc._on_new_free_ports()
+
+    def _on_new_free_ports(self) -> "BookieProcess":
+        self.port, self.http_port = free_port(self.host), free_port(self.host)
+        self.bookie_id = f"{self.host}:{self.port}"
+        self.name = f"bookie {self.bookie_id}"
+        return self.start(wait=False)
 
     def lost_its_port(self) -> bool:
         """True when the process exited because another process took one of its ports between

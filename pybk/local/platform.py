@@ -183,23 +183,19 @@ class LocalCluster:
             self.wait_bookie(ordinal, timeout)
         return proc
 
-    def wait_bookie(self, ordinal: int, timeout: float = 120.0, attempts: int = 3) -> None:
+    def wait_bookie(self, ordinal: int, timeout: float = 120.0) -> None:
         """Wait until bookie ordinal N answers /api/v1/bookie/is_ready (raises with its log if it
         dies). A bookie whose port another process took before it bound it is started again on
         new ports: its id is its ordinal's, so its data and registration stay its own."""
-        for attempt in range(attempts):
-            proc = self.bookies[ordinal]
-            try:
-                proc.wait_ready(proc.is_ready, timeout)
-                return
-            except RuntimeError:
-                if attempt + 1 == attempts or not proc.lost_its_port():
-                    raise
-            name = bookie_id(ordinal)
+        name = bookie_id(ordinal)
+
+        def elsewhere() -> BookieProcess:
             log.warning("%s lost its port to another process before it bound it; starting it on new ports", name)
-            self.ports.renew("bookies", name, "grpc")
-            self.ports.renew("bookies", name, "http")
-            self.start_bookie(ordinal, timeout, wait=False)
+            self.ports.port("bookies", name, "grpc", renew=True)
+            self.ports.port("bookies", name, "http", renew=True)
+            return self.start_bookie(ordinal, timeout, wait=False)
+
+        self.bookies[ordinal].wait_started(timeout, elsewhere=elsewhere)
 
     def stop_bookie(self, ordinal: int, timeout: float = 30.0) -> None:
         """Stop bookie ordinal N cleanly (SIGTERM, then SIGKILL after timeout)."""

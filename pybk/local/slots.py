@@ -86,15 +86,16 @@ class Ports:
         except (OSError, ValueError):
             self._doc = {"etcd": {}, "bookies": {}, "autorecovery": {}}
 
-    def port(self, *where: str) -> int:
+    def port(self, *where: str, renew: bool = False) -> int:
         """The port recorded at `where` (e.g. "bookies", "bookie-1", "grpc"), or a new free one at
-        first use or if another process took the recorded one meanwhile (then recorded)."""
+        first use, if another process took the recorded one meanwhile, or with renew (when it took
+        it between this check and its use); a new one is recorded."""
         *sections, key = where
         section = self._doc
         for name in sections:
             section = section.setdefault(name, {})
         port = section.get(key)
-        if port and port_free(self.host, port):
+        if port and not renew and port_free(self.host, port):
             return port
         if port:
             log.warning("port %s recorded for %s is taken by another process; choosing a new one", port, key)
@@ -105,16 +106,6 @@ class Ports:
                 section[key] = candidate
                 write_json(self.path, self._doc)
                 return candidate
-
-    def renew(self, *where: str) -> int:
-        """A new free port for `where` in place of the recorded one, which another process took
-        between its choice and its use (recorded)."""
-        *sections, key = where
-        section = self._doc
-        for name in sections:
-            section = section.setdefault(name, {})
-        section.pop(key, None)
-        return self.port(*where)
 
     def bookie_slot(self, ordinal: int, base_dir: Path) -> BookieSlot:
         """Bookie ordinal N's id, ports and dirs for starting it."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from pybk.local.bookie import BookieProcess
+from pybk.local.control import pid_alive
 from pybk.local.prefork import Preforker, PreforkedChild
 from pybk.local.process import free_port
 
@@ -62,13 +63,5 @@ def test_children_still_running_when_the_preforker_closes_are_killed_with_it(tmp
         assert left.poll() is None
     finally:
         preforker.close()
-    assert not _running(left.pid), f"pid {left.pid} outlived its preforker"
+    assert not pid_alive(left.pid), f"pid {left.pid} outlived its preforker"
 
-
-def _running(pid: int) -> bool:
-    """True if pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -341,7 +341,6 @@ async def test_settings_flooding_while_many_streams_are_open_does_not_block_the_
         code, why = await raw.goaway()
         longest = watch.stop()
         assert code == ENHANCE_YOUR_CALM and "too many setting entries" in why
-        print("LONGEST", longest)
         assert longest < 0.1, f"a SETTINGS frame of 2,000 entries blocked the loop {longest * 1e3:.0f} ms"
         raw.close()
 
