@@ -469,7 +469,8 @@ class BookieClient:
         finally:
             call.cancel()
 
-    def _unpacked(self, res: pb.ReadResults, bodies: memoryview) -> Iterator[tuple[int, bytes | memoryview, np.ndarray]]:
+    def _unpacked(self, res: pb.ReadResults, bodies: memoryview
+                  ) -> Iterator[tuple[int, bytes | memoryview, np.ndarray]]:
         """A read's answer as read_packed yields it (its entries, if any, in one piece), then
         BookieError for a status other than OK: the entries before the error are taken first."""
         if res.body_sizes:

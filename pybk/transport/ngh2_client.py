@@ -1,5 +1,6 @@
-"""A client's gRPC bidi stream on its own HTTP/2 connection, framed by libnghttp2 (through
-`ngh2`, Role.CLIENT): the client's Add stream (pybk.client.bookie_client), without grpc.aio.
+"""A client's gRPC stream on its own HTTP/2 connection, framed by libnghttp2 (through `ngh2`,
+Role.CLIENT), without grpc.aio: the client's Add stream (ClientStream, bidi) and its range reads
+and LAC follows (ServerStream: one request, a stream of answers), pybk.client.bookie_client.
 
 Why not grpc.aio: with one add in flight, grpc.aio costs a client about 0.5 ms of CPU per message
 on two cores, most of it handing every completion between gRPC's own threads and the event loop.
@@ -17,7 +18,12 @@ handled, writes wait for the one flush at its end, so an answer that makes the c
 next batch costs one system call with the acknowledgements of that read. Answers are taken from
 `DataReceived` events, each handed to `on_message` in order as it completes, from the loop's
 read callback (no task, no future per message); the engine gives the receive window back by
-itself (`auto_window_update`), as nothing is held for later.
+itself (`auto_window_update`), as nothing is held for later. A ServerStream's answers wait in a
+queue for its caller, so they are paced: past `ahead` bytes not taken, what arrives is credited
+back only as the caller takes it (the server is held to its window, and PINGs are still read and
+answered, which pausing the socket would not do). A call per connection: the handshake costs
+little beside a range read or a follow, and the server needs no change; single-entry reads stay
+on grpc.aio's shared channel.
 
 Failure modes, each ending the stream exactly once through `on_end(code, details)` with a gRPC
 status code: the server's trailers (its status), RST_STREAM, a GOAWAY with an error or one that
@@ -25,7 +31,8 @@ did not take the stream, the connection failing to open or closing, an answer ab
 `max_receive_message_bytes` (RESOURCE_EXHAUSTED, before it is kept), a server that breaks
 HTTP/2 (INTERNAL, naming the GOAWAY libnghttp2 sent it), an error the engine raises (INTERNAL),
 and a keepalive PING left unanswered while answers are awaited (UNAVAILABLE). `cancel()` ends it
-locally and calls nothing.
+locally and calls nothing. A ServerStream raises them as CallError, and DEADLINE_EXCEEDED past
+its timeout.
 """
 from __future__ import annotations
 
