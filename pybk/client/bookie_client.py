@@ -458,16 +458,20 @@ class BookieClient:
         call = self._read_stream(req)
         try:
             async for message in call:
-                try:
-                    res, bodies = wire.read_results(message)
-                except DecodeError as exc:
-                    raise BookieUnavailableError(f"an answer that is not a ReadResults: {exc}", self.address) from None
+                res, bodies = self._decoded(wire.read_results, message)
                 for answer in self._unpacked(res, bodies):
                     yield answer
         except CallError as exc:
             raise status_error(exc.code, exc.details, self.address, self.security.tls) from None
         finally:
             call.cancel()
+
+    def _decoded(self, decode: Callable, message: bytes | memoryview):
+        """decode(message), a Read call's answer; BookieUnavailableError for one it cannot decode."""
+        try:
+            return decode(message)
+        except DecodeError as exc:
+            raise BookieUnavailableError(f"an answer that is not a ReadResults: {exc}", self.address) from None
 
     def _unpacked(self, res: pb.ReadResults, bodies: memoryview
                   ) -> Iterator[tuple[int, bytes | memoryview, np.ndarray]]:
@@ -534,10 +538,7 @@ class BookieClient:
         call = self._read_stream(req, timeout + self.timeout)
         try:
             async for message in call:
-                try:
-                    res = pb.ReadResults.FromString(message)
-                except DecodeError as exc:
-                    raise BookieUnavailableError(f"an answer that is not a ReadResults: {exc}", self.address) from None
+                res = self._decoded(pb.ReadResults.FromString, message)
                 if res.status != pb.OK:
                     raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
                 if res.body_sizes:   # (a few sizes: a list costs less than an array)
@@ -593,16 +594,16 @@ class BookieClient:
                 "ledger_count": res.ledger_count, "caller": res.caller, "caller_role": res.caller_role}
 
     def _read_stream(self, req: pb.ReadRequest, timeout: float | None = None) -> ServerStream:
-        """A Read call on a connection of its own, answers taken on the loop (transport.ngh2_client:
-        grpc.aio's receive cost a third of a scan's Python CPU): the TLS, token and keepalive of
-        the channel; it ends DEADLINE_EXCEEDED after `timeout` seconds."""
+        """A Read call on a connection of its own, its answers taken on the loop (transport.ngh2_client:
+        grpc.aio's receive cost a third of a scan's Python CPU), with the channel's TLS, token and
+        keepalive; it ends DEADLINE_EXCEEDED after `timeout` seconds."""
         return ServerStream(self.address, READ_METHOD, req.SerializeToString(), metadata=self._metadata or (),
                             ssl=self._ssl_context(), server_hostname=self.security.tls_server_name,
                             max_receive_message_bytes=MAX_RECEIVE_BYTES, keepalive=self.keepalive[0],
                             keepalive_timeout=self.keepalive[1], timeout=timeout)
 
     def _ssl_context(self) -> "ssl.SSLContext | None":
-        """The TLS context of Add streams (None for plaintext), made once: the same CA, client
+        """The TLS context of Add and Read streams (None for plaintext), made once: the same CA, client
         certificate and expected server name as the channel's."""
         if self.security.tls and self._ssl is None:
             from pybk.security.tls import client_ssl_context
