@@ -21,9 +21,10 @@ read callback (no task, no future per message); the engine gives the receive win
 itself (`auto_window_update`), as nothing is held for later. A ServerStream's answers wait in a
 queue for its caller, so they are paced: past `ahead` bytes not taken, what arrives is credited
 back only as the caller takes it (the server is held to its window, and PINGs are still read and
-answered, which pausing the socket would not do). A call per connection: the handshake costs
-little beside a range read or a follow, and the server needs no change; single-entry reads stay
-on grpc.aio's shared channel.
+answered, which pausing the socket would not do). A call per connection: on loopback the
+handshake costs no more than a grpc.aio call, and the server needs no change; single-entry reads
+stay on grpc.aio's shared channel, and so do range reads over TLS (its handshake per call costs
+more than this transport saves), not follows (one call for many answers).
 
 Failure modes, each ending the stream exactly once through `on_end(code, details)` with a gRPC
 status code: the server's trailers (its status), RST_STREAM, a GOAWAY with an error or one that
