@@ -140,6 +140,12 @@ class ClientStream(asyncio.Protocol):
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; a bad address a ValueError
             self._end(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {exc}")
 
+    @property
+    def spoke(self) -> bool:
+        """The server spoke HTTP/2 (its SETTINGS came): false while connecting, or for a
+        connection refused, reset or closed before that."""
+        return self._spoke
+
     # ---- sending ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -404,6 +410,11 @@ class ServerStream:
 
     def __aiter__(self) -> "ServerStream":
         return self
+
+    @property
+    def spoke(self) -> bool:
+        """The server spoke HTTP/2 on this call's connection (ClientStream.spoke)."""
+        return self._stream.spoke
 
     async def __anext__(self):
         answers = self._answers
