@@ -6,7 +6,7 @@ loop; a bookie spent about half of its busy time there at window 1. Here a call'
 its handler from the transport's read callback. The handlers are written as for grpc.aio: `async
 def method(request, context)` (unary, or server-streaming with `await context.write`) and `async
 def method(request_iterator, context)` (bidi), with the part of grpc.aio's ServicerContext they
-use (`Context`). Clients see ordinary gRPC: grpc.aio channels and pybk's own Add stream alike.
+use (`Context`). Clients see ordinary gRPC: grpc.aio channels and pybk's own Add and Read streams alike.
 
 Life of a call: a bidi call's task starts with its HEADERS and reads its requests from an async
 iterator fed by the connection; a unary or server-streaming call's task starts once its one

@@ -1,5 +1,6 @@
-"""A client's gRPC bidi stream on its own HTTP/2 connection, framed by libnghttp2 (through
-`ngh2`, Role.CLIENT): the client's Add stream (pybk.client.bookie_client), without grpc.aio.
+"""A client's gRPC stream on its own HTTP/2 connection, framed by libnghttp2 (through `ngh2`,
+Role.CLIENT), without grpc.aio: the client's Add stream (ClientStream, bidi) and its range reads
+and LAC follows (ServerStream: one request, a stream of answers), pybk.client.bookie_client.
 
 Why not grpc.aio: with one add in flight, grpc.aio costs a client about 0.5 ms of CPU per message
 on two cores, most of it handing every completion between gRPC's own threads and the event loop.
@@ -17,7 +18,13 @@ handled, writes wait for the one flush at its end, so an answer that makes the c
 next batch costs one system call with the acknowledgements of that read. Answers are taken from
 `DataReceived` events, each handed to `on_message` in order as it completes, from the loop's
 read callback (no task, no future per message); the engine gives the receive window back by
-itself (`auto_window_update`), as nothing is held for later.
+itself (`auto_window_update`), as nothing is held for later. A ServerStream's answers wait in a
+queue for its caller, so they are paced: past `ahead` bytes not taken, what arrives is credited
+back only as the caller takes it (the server is held to its window, and PINGs are still read and
+answered, which pausing the socket would not do). A call per connection: on loopback the
+handshake costs no more than a grpc.aio call, and the server needs no change; single-entry reads
+stay on grpc.aio's shared channel, and so do range reads over TLS (its handshake per call costs
+more than this transport saves), not follows (one call for many answers).
 
 Failure modes, each ending the stream exactly once through `on_end(code, details)` with a gRPC
 status code: the server's trailers (its status), RST_STREAM, a GOAWAY with an error or one that
@@ -25,11 +32,13 @@ did not take the stream, the connection failing to open or closing, an answer ab
 `max_receive_message_bytes` (RESOURCE_EXHAUSTED, before it is kept), a server that breaks
 HTTP/2 (INTERNAL, naming the GOAWAY libnghttp2 sent it), an error the engine raises (INTERNAL),
 and a keepalive PING left unanswered while answers are awaited (UNAVAILABLE). `cancel()` ends it
-locally and calls nothing.
+locally and calls nothing. A ServerStream raises them as CallError, and DEADLINE_EXCEEDED past
+its timeout.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl as _ssl
 from typing import Callable, Sequence
 
@@ -48,6 +57,7 @@ PING_DATA = b"pybk-ka!"                    # the keepalive's PING
 _CHUNK = 64 * 1024
 _SETTINGS = {ngh2.Setting.ENABLE_PUSH: 0, ngh2.Setting.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW}
 _CONFIG = ngh2.Configuration()   # the engine credits received DATA itself: answers are consumed as they arrive
+_PACED = ngh2.Configuration(auto_window_update=False)   # credit follows the caller taking answers
 _ERROR_NAMES = {int(code): code.name for code in ngh2.ErrorCode}
 OnEnd = Callable[[grpc.StatusCode, str], None]
 
@@ -75,7 +85,7 @@ class ClientStream(asyncio.Protocol):
     def __init__(self, authority: str, path: str, metadata: Sequence[tuple[str, str]], scheme: str,
                  on_message: Callable[[bytes], None], on_headers: Callable[[list], None], on_end: OnEnd,
                  awaiting: Callable[[], bool], max_receive_message_bytes: int,
-                 keepalive: float, keepalive_timeout: float):
+                 keepalive: float, keepalive_timeout: float, taking: Callable[[], bool] | None = None):
         self._loop = asyncio.get_running_loop()
         self._on_message, self._on_headers, self._on_end = on_message, on_headers, on_end
         self._awaiting = awaiting
@@ -91,7 +101,9 @@ class ClientStream(asyncio.Protocol):
         self._ping_sent: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_receive = False           # inside data_received: writes wait for its one flush
-        h2 = self._h2 = ngh2.Connection(ngh2.Role.CLIENT, _CONFIG)
+        self._taking = taking              # paced: credit for received DATA waits until it says True
+        self._owed = 0                     # paced: DATA bytes received and not yet credited
+        h2 = self._h2 = ngh2.Connection(ngh2.Role.CLIENT, _CONFIG if taking is None else _PACED)
         h2.initiate_connection(_SETTINGS)
         h2.set_local_window_size(RECEIVE_WINDOW)
         self._stream_id = h2.send_request(
@@ -103,13 +115,18 @@ class ClientStream(asyncio.Protocol):
              ssl: _ssl.SSLContext | None = None, server_hostname: str | None = None,
              on_message: Callable[[bytes], None], on_headers: Callable[[list], None], on_end: OnEnd,
              awaiting: Callable[[], bool] = lambda: False, max_receive_message_bytes: int = 64 * 1024 * 1024,
-             keepalive: float = 10.0, keepalive_timeout: float = 5.0) -> "ClientStream":
+             keepalive: float = 10.0, keepalive_timeout: float = 5.0,
+             taking: Callable[[], bool] | None = None) -> "ClientStream":
         """Start the stream to `address` (host:port) calling `path` (/package.Service/Method); TLS
         with `ssl` (ALPN h2 is set here). Returns at once: writes wait for the connection. While
         `awaiting()` says answers are due and nothing arrives for `keepalive` seconds, a PING
-        goes out; unanswered for `keepalive_timeout` more, the stream ends UNAVAILABLE."""
+        goes out; unanswered for `keepalive_timeout` more, the stream ends UNAVAILABLE. With
+        `taking`, answers are paced: what arrives is credited back to the server (its window
+        reopened) only while `taking()` says the caller takes more, else at `resume()`; so the
+        server is held to the window while the caller is slow, and the connection is still read
+        (PINGs answered)."""
         stream = cls(address, path, metadata, "https" if ssl else "http", on_message, on_headers, on_end,
-                     awaiting, max_receive_message_bytes, keepalive, keepalive_timeout)
+                     awaiting, max_receive_message_bytes, keepalive, keepalive_timeout, taking)
         if ssl is not None:
             ssl.set_alpn_protocols(["h2"])
         stream._connecting = stream._loop.create_task(stream._connect(address, ssl, server_hostname))
@@ -122,6 +139,12 @@ class ClientStream(asyncio.Protocol):
                                                server_hostname=(server_hostname or host) if ssl else None)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; a bad address a ValueError
             self._end(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {exc}")
+
+    @property
+    def spoke(self) -> bool:
+        """The server spoke HTTP/2 (its SETTINGS came): false while connecting, or for a
+        connection refused, reset or closed before that."""
+        return self._spoke
 
     # ---- sending ----------------------------------------------------------------------------
 
@@ -137,19 +160,36 @@ class ClientStream(asyncio.Protocol):
             self._timer = self._loop.call_later(self._keepalive, self._check_alive)
         self._flush()
 
-    def write(self, message: bytes) -> None:
-        """Send one gRPC message (as it is: already serialized)."""
+    def write(self, message: bytes, last: bool = False) -> None:
+        """Send one gRPC message (as it is: already serialized); `last`: the request ends with it
+        (END_STREAM: a call with one request message)."""
         if self._ended:
             return
         h2 = self._h2
         try:
-            for part in message_parts(message):
+            *head, tail = message_parts(message)
+            for part in head:
                 h2.send_data(self._stream_id, part)
+            h2.send_data(self._stream_id, tail, end_stream=last)
         except ngh2.NGH2Error as exc:  # the stream is over in the engine; its event is being handled
             self._end(grpc.StatusCode.INTERNAL, f"the HTTP/2 engine refused a message: {exc}")
             return
         if not self._in_receive and self._transport is not None:
             self._flush()
+
+    def resume(self) -> None:
+        """Paced: the caller takes answers again; what arrived is credited to the server."""
+        if self._owed and not self._ended:
+            self._credit()
+            if not self._in_receive:
+                self._flush()
+
+    def _credit(self) -> None:
+        try:
+            self._h2.acknowledge_received_data(self._owed, self._stream_id)
+        except ngh2.NGH2Error:
+            pass  # the stream is over in the engine: its end is being handled
+        self._owed = 0
 
     def _ping(self) -> None:
         self._h2.ping(PING_DATA)
@@ -255,6 +295,10 @@ class ClientStream(asyncio.Protocol):
         except MessageError as exc:
             self._end(exc.code, f"an answer from the server: {exc.details}")
             return
+        if self._taking is not None and not self._ended:
+            self._owed += len(payload)
+            if self._taking():
+                self._credit()
         if ends:
             self._end(grpc.StatusCode.INTERNAL, "the server ended the stream without a status")
 
@@ -327,3 +371,98 @@ def _name(code: int) -> str:
     """An HTTP/2 error code as its number and name."""
     name = _ERROR_NAMES.get(code)
     return f"{code} ({name})" if name else str(code)
+
+
+class CallError(Exception):
+    """A call that ended with a status other than OK: its gRPC `code` and `details`."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+class ServerStream:
+    """A call of one request message answered by a stream of messages (gRPC's unary-stream),
+    on a ClientStream of its own: iterate its answers (bytes, or a memoryview: see
+    MessageBuffer); an end other than OK raises CallError, after the answers before it.
+    Answers are paced (ClientStream's `taking`): up to `ahead` bytes of them wait for the caller
+    before the server is held to its window. `cancel()` ends the call and closes its connection
+    (the caller that stops iterating calls it: nothing is left open); `timeout` seconds after
+    the start it ends DEADLINE_EXCEEDED."""
+
+    def __init__(self, address: str, path: str, request: bytes, *, metadata: Sequence[tuple[str, str]] = (),
+                 ssl: _ssl.SSLContext | None = None, server_hostname: str | None = None,
+                 max_receive_message_bytes: int = 64 * 1024 * 1024, keepalive: float = 10.0,
+                 keepalive_timeout: float = 5.0, timeout: float | None = None, ahead: int = RECEIVE_WINDOW):
+        self._loop = asyncio.get_running_loop()
+        self._answers: collections.deque = collections.deque()
+        self._held = 0                        # bytes of the answers not yet taken
+        self._ahead = ahead
+        self._status: tuple[grpc.StatusCode, str] | None = None
+        self._waiter: asyncio.Future | None = None
+        self._timer = None if timeout is None else self._loop.call_later(timeout, self._expired)
+        self._stream = ClientStream.open(
+            address, path, metadata=metadata, ssl=ssl, server_hostname=server_hostname, on_message=self._message,
+            on_headers=_ignore, on_end=self._ended, awaiting=lambda: self._waiter is not None,
+            max_receive_message_bytes=max_receive_message_bytes, keepalive=keepalive,
+            keepalive_timeout=keepalive_timeout, taking=lambda: self._held < self._ahead)
+        self._stream.write(request, last=True)
+
+    def __aiter__(self) -> "ServerStream":
+        return self
+
+    @property
+    def spoke(self) -> bool:
+        """The server spoke HTTP/2 on this call's connection (ClientStream.spoke)."""
+        return self._stream.spoke
+
+    async def __anext__(self):
+        answers = self._answers
+        while not answers:
+            if self._status is not None:
+                code, details = self._status
+                if code is grpc.StatusCode.OK:
+                    raise StopAsyncIteration
+                raise CallError(code, details)
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        answer = answers.popleft()
+        held = self._held
+        self._held = held - len(answer)
+        if held >= self._ahead > self._held:
+            self._stream.resume()
+        return answer
+
+    def cancel(self) -> None:
+        """End the call here (RST_STREAM CANCEL) and close its connection; iterating it then
+        raises CallError CANCELLED after the answers already received."""
+        self._stream.cancel()
+        self._ended(grpc.StatusCode.CANCELLED, "cancelled by the client")
+
+    def _message(self, message) -> None:
+        self._answers.append(message)
+        self._held += len(message)
+        self._wake()
+
+    def _ended(self, code: grpc.StatusCode, details: str) -> None:
+        if self._status is None:
+            self._status = (code, details)
+            if self._timer is not None:
+                self._timer.cancel()
+            self._wake()
+
+    def _expired(self) -> None:
+        self._stream.cancel()
+        self._ended(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _ignore(headers: list) -> None:
+    """Initial metadata no caller of ServerStream needs."""

@@ -1,7 +1,7 @@
-"""The client's Add stream without grpc.aio (pybk.transport.ngh2_client.ClientStream), against
-each server it meets: pybk's server connections and gRPC's own C-core server (grpc.aio), all in
-this process on loopback; and against raw sockets that answer what a broken, silent or departing
-server would."""
+"""The client's Add and Read streams without grpc.aio (pybk.transport.ngh2_client.ClientStream and
+ServerStream), against each server it meets: pybk's server connections and gRPC's own C-core
+server (grpc.aio), all in this process on loopback; and against raw sockets that answer what a
+broken, silent or departing server would."""
 from __future__ import annotations
 
 import asyncio
@@ -10,16 +10,18 @@ import ssl
 import struct
 
 import grpc
-import hpack
 import pytest
 
 import h2frames
 from flow_checker import FlowChecker
 from polling import eventually
+from raw_h2_server import (ANSWER_HEADERS, RawServer, data_frames, goaway_frame as _goaway, grpc_message,
+                           headers_frame as _headers, scripted as _scripted, settings_frame as _settings,
+                           speaking as _speaking)
 
 from pybk.security.ca import CertificateAuthority
 from pybk.security.tls import ReloadingSSLContext, ServerTls
-from pybk.transport.ngh2_client import CLOSED_AT_ONCE, PING_DATA, ClientStream
+from pybk.transport.ngh2_client import CLOSED_AT_ONCE, PING_DATA, CallError, ClientStream, ServerStream
 from pybk.transport.ngh2_server import Call, GrpcServerConnection
 
 ECHO, REFUSE = "/t.T/Echo", "/t.T/Refuse"
@@ -220,69 +222,6 @@ async def test_tls_with_alpn_h2_reaches_the_server(tmp_path):
 
 # ---- servers that break, go silent or go away: raw sockets -----------------------------------
 
-class RawServer:
-    """A loopback server that answers its connection with `script(reader, writer, self)`;
-    `frames` receives every frame the client sent (type, flags, stream, payload) after its
-    preface, as `read_frames` reads them. With `answer_pings` PINGs are acknowledged."""
-
-    def __init__(self, script, answer_pings: bool = False):
-        self.script, self.answer_pings = script, answer_pings
-        self.frames: list[tuple[int, int, int, bytes]] = []
-        self._rx = bytearray()
-        self._preface = False
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await self.script(reader, writer, self)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def read_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          until=lambda frames: False) -> None:
-        """Read the client's frames into `frames` until `until(frames)` or EOF."""
-        if not self._preface:
-            assert await reader.readexactly(len(h2frames.PREFACE)) == h2frames.PREFACE
-            self._preface = True
-        while not until(self.frames) and (data := await reader.read(65536)):
-            for t, f, s, p in h2frames.frames(self._rx, data):
-                self.frames.append((t, f, s, bytes(p)))
-                if self.answer_pings and t == h2frames.PING and not f & h2frames.ACK:
-                    writer.write(h2frames.frame(h2frames.PING, h2frames.ACK, 0, bytes(p)))
-
-
-def _settings() -> bytes:
-    return h2frames.frame(h2frames.SETTINGS, 0, 0)
-
-
-def _goaway(last: int, code: int, debug: bytes) -> bytes:
-    return h2frames.frame(h2frames.GOAWAY, 0, 0, struct.pack(">II", last, code) + debug)
-
-
-def _headers(headers: list[tuple[str, str]], flags: int = 0) -> bytes:
-    return h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS | flags, 1, hpack.Encoder().encode(headers))
-
-
-def _scripted(answer: bytes):
-    """A server script: read up to the request's headers, write `answer`, then read to the end."""
-    async def script(reader, writer, raw: RawServer) -> None:
-        await raw.read_frames(reader, writer, until=lambda frames: any(f[0] == h2frames.HEADERS for f in frames))
-        writer.write(answer)
-        await raw.read_frames(reader, writer)
-    return script
-
-
-def _speaking(reader, writer, raw: RawServer):
-    """A server script: SETTINGS, then read (and answer nothing unless told to)."""
-    writer.write(_settings())
-    return raw.read_frames(reader, writer)
-
-
 @pytest.mark.parametrize("answer, code, details", [
     (_settings() + _goaway(0, 0, b"going"), grpc.StatusCode.UNAVAILABLE,
      "the server closed the connection (GOAWAY, HTTP/2 error 0: going)"),
@@ -406,3 +345,88 @@ async def test_cancel_resets_the_stream_and_calls_nothing():
     rst = next(p for t, _, s, p in raw.frames if t == h2frames.RST_STREAM)
     assert struct.unpack(">I", rst)[0] == 0x8 and client.ends == []
 
+
+
+# ---- a call of one request and a stream of answers (ServerStream) ------------------------------
+
+async def test_a_server_stream_half_closes_its_request_and_takes_every_answer(server):
+    """The request ends with its one message (each echo server answers, then ends at the end of
+    the input): the answer, then the end OK; the connection is closed after."""
+    address, seen, _ = server
+    call = ServerStream(address, ECHO, b"x" * 100_000, metadata=TOKEN)
+    assert [bytes(m) async for m in call] == [b"x" * 100_000]
+    assert seen.headers[0]["authorization"] == "Bearer t0k"
+
+
+async def test_a_server_stream_raises_the_status_after_the_answers_before_it():
+    answer = (_settings() + _headers(ANSWER_HEADERS) + data_frames(grpc_message(b"one") + grpc_message(b"two"))
+              + _headers([("grpc-status", "5"), ("grpc-message", "no such entry")], h2frames.END_STREAM))
+    raw = RawServer(_scripted(answer))
+    call = ServerStream(await raw.start(), ECHO, b"hello")
+    try:
+        assert [bytes(await anext(call)), bytes(await anext(call))] == [b"one", b"two"]
+        with pytest.raises(CallError) as err:
+            await anext(call)
+        assert (err.value.code, err.value.details) == (grpc.StatusCode.NOT_FOUND, "no such entry")
+    finally:
+        raw.server.close()
+
+
+async def test_a_server_stream_credits_the_server_only_as_the_caller_takes_answers():
+    """Answers beyond `ahead` that the caller has not taken are not credited back: the server is
+    held to its window (nothing is buffered here beyond it); taking them reopens it. The
+    connection is still read meanwhile (a PING is answered)."""
+    n, size = 60, 65_536
+    async def script(reader, writer, raw: RawServer) -> None:
+        writer.write(_settings())
+        await raw.read_frames(reader, writer, until=lambda frames: any(
+            t == h2frames.DATA and f & h2frames.END_STREAM for t, f, *_ in frames))
+        writer.write(h2frames.frame(h2frames.SETTINGS, h2frames.ACK, 0)   # the client's window takes effect
+                     + _headers(ANSWER_HEADERS)
+                     + data_frames(b"".join(grpc_message(bytes([i]) * size) for i in range(n)))
+                     + h2frames.frame(h2frames.PING, 0, 0, b"sync-now"))
+        await raw.read_frames(reader, writer)
+    raw = RawServer(script)
+    call = ServerStream(await raw.start(), ECHO, b"hello", ahead=100_000)
+
+    def credit() -> list[bytes]:
+        return [p for t, _, s, p in raw.frames if t == h2frames.WINDOW_UPDATE and s == 1]
+    try:
+        await eventually(lambda: any(t == h2frames.PING and f & h2frames.ACK for t, f, *_ in raw.frames),
+                         timeout=10, interval=0.01, what="the PING's ACK, after every answer was read")
+        assert credit() == []
+        assert [bytes(await anext(call)) for _ in range(n)] == [bytes([i]) * size for i in range(n)]
+        await eventually(credit, timeout=10, interval=0.01, what="the window reopened")
+    finally:
+        call.cancel()
+        raw.server.close()
+
+
+async def test_a_server_stream_past_its_deadline_ends_deadline_exceeded_and_is_reset():
+    raw = RawServer(_speaking)
+    call = ServerStream(await raw.start(), ECHO, b"hello", timeout=0.2)
+    try:
+        with pytest.raises(CallError) as err:
+            await anext(call)
+        assert err.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.wait_for(raw.over.wait(), 10)   # the connection is closed
+    finally:
+        raw.server.close()
+    assert [struct.unpack(">I", p)[0] for t, _, _, p in raw.frames if t == h2frames.RST_STREAM] == [0x8]
+
+
+async def test_cancelling_a_server_stream_resets_it_and_closes_its_connection():
+    raw = RawServer(_speaking)
+    call = ServerStream(await raw.start(), ECHO, b"hello")
+    waiting = asyncio.ensure_future(anext(call))
+    try:
+        await eventually(lambda: any(t == h2frames.DATA for t, *_ in raw.frames), timeout=10, interval=0.01,
+                         what="the request")
+        call.cancel()
+        await asyncio.wait_for(raw.over.wait(), 10)
+        with pytest.raises(CallError) as err:
+            await waiting
+        assert err.value.code is grpc.StatusCode.CANCELLED
+    finally:
+        raw.server.close()
+    assert [struct.unpack(">I", p)[0] for t, _, _, p in raw.frames if t == h2frames.RST_STREAM] == [0x8]
