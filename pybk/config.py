@@ -291,9 +291,7 @@ BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
            "keys of ledgers created by earlier releases also from the ledger metadata with --metadata-uri), keep "
            "the old one aside, and exit. Run it with the bookie stopped, as the user owning its dirs", False, parse_bool),
     Option("checkpoint_interval", "seconds between checkpoints of the write cache", 30.0, Number(float, 0)),
-    Option("checkpoint_bytes", "checkpoint early when the write cache holds this much (half of "
-           "max_write_cache_bytes: one half fills while the other is checkpointed, as DbLedgerStorage's two write "
-           "caches)", "512MiB", parse_size),
+    Option("checkpoint_bytes", "checkpoint early when the write cache holds this much", "128MiB", parse_size),
     Option("max_write_cache_bytes", "adds get TOO_MANY_REQUESTS while the write cache, checkpoint in "
            "flight and journal backlog hold more than this", "1GiB", parse_size),
     Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
