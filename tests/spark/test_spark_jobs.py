@@ -58,6 +58,8 @@ async def test_export_writes_every_entry_to_parquet(spark, ledgers, tmp_path):
 
 
 async def test_log_counts_writes_per_minute_counts_by_key_to_parquet(spark, bookies, metadata_uri, tmp_path):
+    """Slow: the example job as a user runs it, a Spark job of its own (a pattern resolved, a scan
+    with its planning workers, an aggregation and a Parquet write): 20-35 s at four workers."""
     from pybk.log import Logs
     from pybk.spark.jobs import log_counts_main
     bookies(3)
