@@ -488,6 +488,11 @@ class BookieClient:
         finally:
             call.cancel()
 
+    def _check(self, res) -> None:
+        """BookieError for an answer whose status is not OK (its status and message)."""
+        if res.status != pb.OK:
+            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+
     def _decoded(self, decode: Callable, message: bytes | memoryview):
         """decode(message), a Read call's answer; BookieUnavailableError for one it cannot decode."""
         try:
@@ -504,16 +509,14 @@ class BookieClient:
         elif res.entries:  # a bookie from before PACKED
             yield (res.entries[0].entry_id, b"".join(e.body for e in res.entries),
                    np.array([len(e.body) for e in res.entries], np.int64))
-        if res.status != pb.OK:
-            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        self._check(res)
 
     async def _lac_answer(self, req: pb.ReadRequest, timeout: float) -> pb.ReadResults:
         """The one answer of a LAC read (first_entry -1); BookieError unless its status is OK."""
         try:
             call = self._stub.Read(req, timeout=timeout, metadata=self._metadata)
             async for res in call:
-                if res.status != pb.OK:
-                    raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+                self._check(res)
                 return res
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
@@ -536,8 +539,7 @@ class BookieClient:
                                            metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
-        if res.status != pb.OK:
-            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        self._check(res)
         return res.lac
 
     async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> int:
@@ -559,8 +561,7 @@ class BookieClient:
                              timeout_ms=max(int(timeout * 1000), 1))
         async with aclosing(self._answers(req, views=False, own=True, timeout=timeout + self.timeout)) as answers:
             async for res in answers:
-                if res.status != pb.OK:
-                    raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+                self._check(res)
                 if res.body_sizes:   # (a few sizes: a list costs less than an array)
                     yield res.lac, res.first_body_entry, res.bodies, list(res.body_sizes)
                 else:
@@ -573,8 +574,7 @@ class BookieClient:
                                             timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._rpc_error(exc) from None
-        if res.status != pb.OK:
-            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        self._check(res)
 
     async def list_entries(self, ledger_id: int) -> list[tuple[int, int]]:
         """Inclusive (first, last) ranges of the entry ids this bookie holds for the ledger
@@ -586,8 +586,7 @@ class BookieClient:
             raise self._rpc_error(exc) from None
         if res.status == pb.NO_LEDGER:
             return []
-        if res.status != pb.OK:
-            raise BookieError(_ERRORS.get(res.status, Status.IO_ERROR), res.message, self.address)
+        self._check(res)
         return [(r.first, r.last) for r in res.ranges]
 
     async def list_ledgers(self) -> list[int]:
