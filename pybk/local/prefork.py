@@ -5,10 +5,11 @@ of CPU, paid again by each of the hundreds of bookies a test run starts. A Prefo
 Python process (`python -m pybk.local.prefork`) that imports them once and forks a child for
 each start. The child then runs the same module with the same argv, environment, working
 directory and log as a spawned one would, in a session of its own, so its process group is
-signalled as a spawned child's is. The preforker is its parent: it reaps it and tells its exit
-status when asked (`PreforkedChild` answers as a Popen does). Children still running when the
-asking process closes the preforker are killed with it: a test run's processes end with the run,
-even those a test failed to stop.
+signalled as a spawned child's is. The preforker tells the child's pid only once the child has
+that group: a stop sent right after the start reaches it. The preforker is its parent: it reaps
+it and tells its exit status when asked (`PreforkedChild` answers as a Popen does). Children
+still running when the asking process closes the preforker are killed with it: a test run's
+processes end with the run, even those a test failed to stop.
 """
 from __future__ import annotations
 
@@ -190,11 +191,17 @@ def _serve(sock: socket.socket) -> None:
             _send(sock, {"returncode": ended.get(request["poll"])})
             continue
         _warm(request["argv"])
+        settled, in_session = os.pipe()
         child = os.fork()
         if child == 0:
             sock.close()
+            os.close(settled)
             os.setsid()          # its own session and process group, as a spawned child's
+            os.close(in_session)
             _become(request)
+        os.close(in_session)
+        os.read(settled, 1)      # EOF once the child has its own group: only then can it be signalled by it
+        os.close(settled)
         started.add(child)
         _send(sock, {"pid": child})
     _reap(ended)

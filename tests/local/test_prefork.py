@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+from pybk.local.autorecovery import AutoRecoveryProcess
 from pybk.local.bookie import BookieProcess
 from pybk.local.control import pid_alive
 from pybk.local.prefork import Preforker, PreforkedChild
@@ -46,6 +47,18 @@ def test_a_forked_bookie_is_its_own_process_group_and_is_reaped_with_its_status(
     again.signal(signal.SIGKILL)
     assert again.proc.wait(30) == -signal.SIGKILL
     assert not again.alive()
+
+
+def test_a_stop_sent_right_after_a_start_reaches_the_child(tmp_path, child_processes):
+    """A stop signals the child's process group; the start must not return before the forked
+    child has one, or the SIGTERM is lost and the stop ends in a kill -9 after its timeout (a
+    local cluster stopped just after it started its autorecovery waited 30 s so)."""
+    for i in range(20):
+        recovery = AutoRecoveryProcess(tmp_path / f"recovery-{i}.log", "etcd://127.0.0.1:1/pybk")
+        recovery.start(wait=False)
+        assert isinstance(recovery.proc, PreforkedChild)
+        code = recovery.stop(timeout=10)   # (with no etcd at port 1 it would exit 1 by itself, later)
+        assert code in (0, -signal.SIGTERM), f"start {i}: the SIGTERM did not reach the child (exit {code})"
 
 
 def test_children_still_running_when_the_preforker_closes_are_killed_with_it(tmp_path, child_processes):
