@@ -12,6 +12,7 @@ from pybk import entry
 from pybk.client.bookie_client import BookieClient, BookieError, Status
 from pybk.bookie.journal import RecordType, journal_files, read_mark, scan_file
 from pybk.meta import MetadataStore
+from pybk.meta.registry import RegistryState
 from pybk.proto import pb
 
 from allocation import allocate
@@ -302,6 +303,10 @@ async def test_bookie_serves_through_etcd_outage_and_registers_again(bookies, et
     await allocate(metadata_uri, [71, 72], KEY)
     async with await BookieClient.connect(bk.address, wait=30) as c:
         await c.add(71, 0, body(71, 0), master_key=KEY)
+        store = await MetadataStore.connect(metadata_uri)
+        key = store.registry.key(RegistryState.WRITABLE, bk.bookie_id)
+        lease_before = (await store.etcd.get(key)).lease
+        await store.close()
         await asyncio.to_thread(etcd.kill)
         await asyncio.sleep(TTL + 1)
         for i in range(1, 50):
@@ -315,7 +320,11 @@ async def test_bookie_serves_through_etcd_outage_and_registers_again(bookies, et
         await asyncio.to_thread(etcd.start)
         store = await MetadataStore.connect(metadata_uri)
         try:
-            await eventually(lambda: _registered(store, bk.bookie_id, "writable"), what="registration after outage")
+            # on a new lease: the restarted etcd keeps the old registration until its lease expires
+            async def registered_again() -> bool:
+                kv = await store.etcd.get(key)
+                return kv is not None and kv.lease != lease_before
+            await eventually(registered_again, what="registration on a new lease after the outage")
         finally:
             await store.close()
         await c.add(71, 50, body(71, 50, 49), master_key=KEY)

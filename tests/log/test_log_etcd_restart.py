@@ -11,6 +11,8 @@ from polling import eventually
 from pybk.client import BookKeeper
 from pybk.log import LogConfig, LogError, Logs, Rollover, WriterOptions
 from pybk.meta import MetadataUnavailableError
+from pybk.meta.etcd import prefix_end
+from pybk.meta.registry import RegistryState
 
 PW = b"log-password"
 OUTAGE = 3.0   # seconds etcd is down
@@ -59,6 +61,7 @@ async def test_every_acknowledged_record_survives_an_etcd_restart(bookies, etcd,
         stop = asyncio.Event()
         writing = asyncio.ensure_future(_write_until(logs, "orders", stop, acked, errors))
         await eventually(lambda: len(acked) >= 300, timeout=60, what="records before the outage")
+        old_leases = set((await _registrations(bk)).values())
         await asyncio.to_thread(etcd.kill)
         before_outage = len(acked)
         down_at = time.monotonic()
@@ -75,12 +78,19 @@ async def test_every_acknowledged_record_survives_an_etcd_restart(bookies, etcd,
         assert [x.offset for x in recs] == list(range(len(recs)))   # dense from 0
         stored = {x.offset: x.payload for x in recs}
         assert {o: stored.get(o) for o in acked} == acked       # each acknowledged record at its offset
-        # the log takes a new writer, which continues after everything stored (once the three
-        # bookies have registered again in the restarted etcd: their sessions' leases were lost)
-        await eventually(lambda: _writable(bk, 3), timeout=60, what="the three bookies registered again")
+        # the log takes a new writer, which continues after everything stored, once the three
+        # bookies have registered again on new leases (their sessions declared the old ones lost; the
+        # restarted etcd keeps the old registrations until those leases expire, so they do not count)
+        async def registered_again() -> bool:
+            found = await _registrations(bk)
+            return len(found) == 3 and not old_leases & set(found.values())
+        await eventually(registered_again, timeout=60, what="the three bookies registered on new leases")
         async with await logs.open_writer("orders", password=PW) as w:
             assert await w.append(b"after") == len(recs)
 
 
-async def _writable(bk: BookKeeper, count: int) -> bool:
-    return len(await bk.store.registry.writable()) >= count
+async def _registrations(bk: BookKeeper) -> dict[bytes, int]:
+    """{writable registration key: the lease it hangs on}."""
+    start = bk.store.registry.dir + RegistryState.WRITABLE.encode() + b"/"
+    resp = await bk.store.etcd.range(start, prefix_end(start))
+    return {kv.key: kv.lease for kv in resp.kvs}
