@@ -70,6 +70,7 @@ class StorageOptions:
     checkpoint_interval: float = option_field("checkpoint_interval")
     checkpoint_bytes: int = option_field("checkpoint_bytes")
     entrylog_max_file_size: int = option_field("entrylog_max_file_size")
+    entrylog_direct_io: bool = option_field("entrylog_direct_io")
     max_entry_size: int = option_field("max_entry_size")
     # past this (cache + checkpoint in flight + journal backlog) adds get TOO_MANY_REQUESTS
     max_write_cache_bytes: int = option_field("max_write_cache_bytes")
@@ -138,7 +139,7 @@ class Storage:
             raise JournalGapError(gaps)
         if gaps:
             self._accept_journal_loss(gaps)
-        self.entrylogs = [EntryLog(d, self.opts.entrylog_max_file_size) for d in self.ledger_dirs]
+        self.entrylogs = [EntryLog(d, self.opts.entrylog_max_file_size, self.opts.entrylog_direct_io) for d in self.ledger_dirs]
         for ledger, raw in self.index.ledger_states():
             self.ledgers[ledger] = LedgerState.from_bytes(raw)
         self.replayed = await loop.run_in_executor(None, self._replay, mark, bool(gaps))
