@@ -9,8 +9,10 @@ Each round measures, on one cluster:
   entries (`pybk bench write`'s run): the ratio log records/s / ledger entries/s;
 - `end-to-end`: a tailing reader's (in a process of its own) delay from `append` to the
   record's arrival at --rate records/s, beside the ledger path's window-1 add latency with
-  records of the same size; then
-  again tuned for latency (WriterOptions(linger=0), ClientOptions(explicit_lac_delay=0.001));
+  records of the same size (the goal is the default writer's); then, for comparison, with each
+  record sent at once (WriterOptions(linger=0)) and the LAC told 1 ms after adds go idle
+  (ClientOptions(explicit_lac_delay=0.001)): more entries and adds, so on two cores it is slower
+  than the default, whose next entry goes out with the acknowledgement and carries its LAC;
 - `takeover`: a writer process appending under load is killed with -9; a new writer opens and
   appends: time from `open_writer` being called to its first acknowledged append (--takeovers times);
 - `etcd bytes per idle log`: the keys and values of a log with a name, config, head, one closed
@@ -200,7 +202,8 @@ async def end_to_end(logs: "Logs", uri: str, name: str, n: int, rate: int,
 
 
 async def end_to_end_runs(uri: str, logs: "Logs", named: Callable[[str], str], args: argparse.Namespace) -> list[dict]:
-    """The end-to-end rows: the default configuration, then one tuned for latency."""
+    """The end-to-end rows: the default configuration (the goal's), then linger 0 with an explicit
+    LAC, for comparison."""
     from pybk.client import BookKeeper
     from pybk.client.bookkeeper import ClientOptions
     from pybk.log import Logs
@@ -209,7 +212,7 @@ async def end_to_end_runs(uri: str, logs: "Logs", named: Callable[[str], str], a
     seconds, lat, cpu = await end_to_end(logs, uri, named("e2e"), n, args.rate)
     out = [summary(f"log end-to-end append -> tailing reader at {args.rate}/s", n, RECORD, seconds, lat,
                    reader_cpu_us_per_record=round(cpu / n * 1e6, 1))]
-    # tuned for latency: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
+    # for comparison: entries sent at the next turn of the loop, the LAC told 1 ms after adds go idle
     async with await BookKeeper.connect(uri, options=ClientOptions(explicit_lac_delay=0.001)) as tuned:
         tlogs = Logs(tuned)
         await tlogs.create(named("e2e-tuned"), password=PASSWORD)
@@ -430,11 +433,11 @@ def goals(middle: list[dict]) -> list[str]:
         check(f"1 KiB records/s >= ledger entries/s ({k['throughput_ratio']:.2f}x)", k["throughput_ratio"],
               k["throughput_ratio"] >= 1)
     w1 = next((r for n, r in by.items() if n.endswith("window=1 100 B")), None)
-    for e2e in (r for n, r in by.items() if n.startswith("log end-to-end")):
-        how = "" if "linger 0" not in e2e["run"] else " (linger 0, explicit LAC 1 ms)"
-        check(f"end-to-end{how} p50 {e2e['p50_ms']:.2f} ms within 2 ms of window-1 add p50 {w1['p50_ms']:.2f} ms",
+    e2e = next((r for n, r in by.items() if n.startswith("log end-to-end append")), None)
+    if e2e and w1:
+        check(f"end-to-end p50 {e2e['p50_ms']:.2f} ms within 2 ms of window-1 add p50 {w1['p50_ms']:.2f} ms",
               e2e["p50_ms"], e2e["p50_ms"] <= w1["p50_ms"] + 2)
-        check(f"end-to-end{how} p99 {e2e['p99_ms']:.2f} ms <= 10 ms", e2e["p99_ms"], e2e["p99_ms"] <= 10)
+        check(f"end-to-end p99 {e2e['p99_ms']:.2f} ms <= 10 ms", e2e["p99_ms"], e2e["p99_ms"] <= 10)
     t = by.get("log forced takeover: open_writer -> first ack")
     if t:
         check(f"takeover p50 {t['p50_ms']:.1f} ms <= 100 ms", t["p50_ms"], t["p50_ms"] <= 100)

@@ -43,7 +43,7 @@ def test_rounds_print_every_run_the_medians_the_ratios_and_the_goals(tmp_path, c
     assert list(medians) == runs
     assert medians[runs[0]]["entries_per_s"] == round(statistics.median(
         next(r for r in rnd["results"] if r["run"] == runs[0])["entries_per_s"] for rnd in result["rounds"]), 3)
-    assert len(result["goals"]) == 10 and all(g.endswith((": met", ": MISSED")) for g in result["goals"])
+    assert len(result["goals"]) == 8 and all(g.endswith((": met", ": MISSED")) for g in result["goals"])
     assert list(tmp_path.iterdir()) == []   # the clusters' files are gone with them
 
 
