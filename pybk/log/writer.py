@@ -361,13 +361,17 @@ class LogWriter:
         acks = []
         n = len(payloads)
         lengths = np.fromiter(map(len, payloads), np.int64, n)
-        ends = np.cumsum(lengths + codec.RECORD_HEADER_SIZE)   # bytes of records 0..i, headers included
+        ends_by_head: dict[int, np.ndarray] = {}   # per record header size: bytes of records 0..i
         i = 0
         while i < n:
             b = self._batch
             if b is None:
                 b = self._start_batch(self._dedup.next_sequence(pid) if pid else codec.NO_SEQUENCE)
             self._appended_at = self._loop.time()
+            head = b.builder.header_size(True, ts)
+            ends = ends_by_head.get(head)
+            if ends is None:
+                ends = ends_by_head[head] = np.cumsum(lengths + head)
             before = int(ends[i - 1]) if i else 0
             # records i..j-1 fill the entry up to the limit (at least one record per entry)
             j = max(i + 1, int(np.searchsorted(ends, before + limit - b.builder.size, side="right")))

@@ -149,15 +149,23 @@ def decode_chunk(buf: bytes, starts: Sequence[int], ends: Sequence[int]) -> tupl
     for e, (start, end) in enumerate(zip(np.asarray(starts, np.int64).tolist(), np.asarray(ends, np.int64).tolist())):
         if end - start < codec.ENTRY_HEADER_SIZE:
             raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
-        magic, version, _flags, count, first, _max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
-        if magic != codec.MAGIC or version != codec.VERSION or count == 0:
+        magic, version, _flags, count, first, max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
+        if magic != codec.MAGIC or version not in codec.VERSIONS or count == 0:
             raise codec.CorruptEntryError(f"entry does not start with a record entry header (magic {magic!r} version "
                                           f"{version}, {count} records)")
-        heads_end = start + codec.ENTRY_HEADER_SIZE + count * codec.RECORD_HEADER_SIZE
+        uniform = version == codec.VERSION_UNIFORM
+        heads_end = start + codec.ENTRY_HEADER_SIZE + count * (codec.LENGTH_SIZE if uniform else codec.RECORD_HEADER_SIZE)
         if heads_end > end:
             raise codec.CorruptEntryError(f"record entry claims {count} records but its {end - start} bytes hold "
                                           f"fewer record headers")
-        heads.append(mv[start + codec.ENTRY_HEADER_SIZE:heads_end])
+        if uniform:   # full headers made from the lengths: one layout for what follows
+            full = np.empty(count, codec.RECORD_DTYPE)
+            full["ts"] = max_ts
+            full["klen"] = -1
+            full["plen"] = np.frombuffer(buf, codec.LENGTH_DTYPE, count, start + codec.ENTRY_HEADER_SIZE)
+            heads.append(full.tobytes())
+        else:
+            heads.append(mv[start + codec.ENTRY_HEADER_SIZE:heads_end])
         counts[e], firsts[e], data_starts[e], data_ends[e] = count, first, heads_end, end
         producers[e], sequences[e] = producer, first_seq
     h = np.frombuffer(b"".join(heads), codec.RECORD_DTYPE)

@@ -32,6 +32,44 @@ def test_add_many_packs_like_one_at_a_time():
     assert b.size == len(b.build(0))
 
 
+def test_keyless_records_of_one_timestamp_make_a_uniform_entry_with_a_length_per_record():
+    """Version 2: four bytes of header per record instead of sixteen; a key or another timestamp
+    turns the entry back to full headers, and `size` is the built entry's size all along."""
+    b = codec.BatchBuilder()
+    b.add_many([b"x" * 100] * 10, 7)
+    b.add(b"y", None, 7)
+    body = b.build(3)
+    assert b.size == len(body) == codec.ENTRY_HEADER_SIZE + 11 * codec.LENGTH_SIZE + 1001
+    batch = codec.decode(body)
+    assert batch.header == codec.EntryHeader(11, 3, 7, 0, codec.NO_SEQUENCE, uniform=True)
+    assert [(r.offset, r.timestamp, r.key, r.payload) for r in batch.records(100)] == \
+        [(100 + i, 7, None, b"x" * 100) for i in range(10)] + [(110, 7, None, b"y")]
+    for mixed, key_bytes in ((lambda m: m.add(b"z", b"key", 7), 3), (lambda m: m.add(b"z", None, 8), 0),
+                             (lambda m: m.add_many([b"z"], 8), 0)):
+        m = codec.BatchBuilder()
+        m.add_many([b"x" * 100] * 10, 7)
+        mixed(m)
+        body = m.build(0)
+        assert m.size == len(body) == codec.ENTRY_HEADER_SIZE + 11 * codec.RECORD_HEADER_SIZE + 1001 + key_bytes
+        assert not codec.read_header(body).uniform
+        assert [r.payload for r in codec.decode(body).records(0)] == [b"x" * 100] * 10 + [b"z"]
+
+
+UNIFORM = codec.encode([(b"payload", None, 5), (b"p2", None, 5)], 0)
+
+
+@pytest.mark.parametrize("body, cause", [
+    (UNIFORM[:4] + struct.pack(">I", 10**6) + UNIFORM[8:], "claims 1000000 records"),
+    (UNIFORM[:-1], "claim 9 bytes of keys and payloads but 8 follow"),
+    (UNIFORM[:40] + struct.pack(">I", 2**32 - 1) + UNIFORM[44:], "claim 4294967297 bytes"),
+    (UNIFORM[:2] + bytes([3]) + UNIFORM[3:], "does not start with a record entry header"),
+])
+def test_hostile_uniform_entries_give_an_error_naming_the_cause(body, cause):
+    assert codec.read_header(UNIFORM).uniform
+    with pytest.raises(CorruptEntryError, match=cause):
+        codec.decode(body)
+
+
 def test_first_at_or_after_finds_the_first_record_at_a_timestamp():
     batch = codec.decode(codec.encode([(b"", None, t) for t in (10, 20, 20, 30)], 0))
     assert [batch.first_at_or_after(t) for t in (5, 10, 11, 20, 21, 30, 31)] == [0, 0, 1, 1, 3, 3, 4]

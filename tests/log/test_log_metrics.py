@@ -29,12 +29,13 @@ async def test_a_writer_counts_records_bytes_entries_rolls_and_fill(cluster):
         logs = Logs(bk)
         await logs.create("metered", password=PW)
         async with await logs.open_writer("metered", password=PW, options=WriterOptions(batch_bytes=1000)) as w:
-            await w.append_many([b"x" * 84] * 100)   # 100 B each with its header: entries of at most 1000 B
+            await w.append_many([b"x" * 96] * 100)   # 100 B each with its length (uniform entries of at most 1000 B)
             await w.roll()
             await w.append(b"y")
     assert sample("pybk_log_appended_records_total") == 101
     entries = sample("pybk_log_entries_total")
     assert 11 <= entries <= 14
-    assert sample("pybk_log_appended_bytes_total") == 100 * 100 + 17 + 40 * entries   # records and entry headers
+    # records and entry headers ("y" alone is a uniform entry too: 1 B and its length)
+    assert sample("pybk_log_appended_bytes_total") == 100 * 100 + 5 + 40 * entries
     assert sample("pybk_log_rolls_total") == 1
     assert REGISTRY.get_sample_value("pybk_log_batch_fill_ratio_count") - fills == entries

@@ -73,6 +73,23 @@ def test_a_chunk_decodes_to_the_records_codec_decodes_cut_to_the_offset_range():
         assert set(batch.column("log").to_pylist()) == {"x"}
 
 
+def test_uniform_entries_decode_in_a_chunk_as_codec_decodes_them():
+    """Entries of keyless records sharing a timestamp carry a length per record only (version 2):
+    a chunk of them, beside a full one, gives the records codec.decode gives."""
+    spec = [[(b"u%d" % i, None, 2000) for i in range(4)], [(b"k", b"key", 2001)], [(b"v" * 7, None, 2002)] * 3]
+    buf, bounds, bodies = entries(spec)
+    assert [codec.read_header(b).uniform for b in bodies] == [True, False, True]
+    want = [r for body in bodies for r in codec.decode(body).records(codec.decode(body).header.first_index)]
+    cols = Columns("x", log_arrow_schema(False))
+    cols.add_chunk(buf, bounds[:-1], bounds[1:], 0, 0, 99)
+    got = [(r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["payload"])
+           for r in cols.batch().to_pylist()]
+    assert got == [(r.offset, r.timestamp, r.key, r.payload) for r in want]
+    bad = buf[:bounds[1] - 1]
+    with pytest.raises(codec.CorruptEntryError, match="bytes of keys and payloads"):
+        decode_chunk(bad, [0], [len(bad)])
+
+
 @pytest.mark.parametrize("damage, error", [
     (lambda b: b[:30], "shorter than a record entry header"),
     (lambda b: b"XX" + b[2:], "does not start with a record entry header"),
