@@ -297,8 +297,8 @@ BOOKIE = Process("bookie", COMMON + (EVENT_LOOP,
     Option("entrylog_max_file_size", "entry log files rotate at this size", "1GiB", parse_size),
     Option("entrylog_direct_io", "checkpoints write entry logs with direct I/O (O_DIRECT, from one 8 MiB buffer "
            "per ledger dir), past the page cache: less CPU a byte, and no checkpoint's worth of dirty pages to "
-           "stall the journal's fdatasyncs; a file system that refuses it (tmpfs) is written through the page "
-           "cache with a warning", True, parse_bool),
+           "stall the journal's fdatasyncs; where the file system refuses it (at open, or its writes) entry logs "
+           "are written through the page cache, with a warning", True, parse_bool),
     Option("max_entry_size", "largest entry body accepted; bigger ones get BAD_REQUEST", "5MiB", parse_size),
     Option("max_message_size", "largest gRPC message the bookie receives or sends (as BookKeeper's "
            "nettyMaxFrameSizeBytes); a bigger one ends its call with RESOURCE_EXHAUSTED before it is held in "

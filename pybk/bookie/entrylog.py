@@ -82,7 +82,7 @@ class EntryLog:
 
     def _open_for_append(self, path: Path) -> int:
         """The descriptor appends go through: O_DIRECT while direct_io holds (a file system that
-        refuses it, as tmpfs does, turns direct_io off with a warning), else O_APPEND."""
+        refuses it, as older tmpfs does, turns direct_io off with a warning), else O_APPEND."""
         if self.direct_io:
             try:
                 return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
@@ -128,11 +128,23 @@ class EntryLog:
             else:
                 self._write_buffered(parts)
             os.fsync(self._fd)
-        except OSError:
+        except OSError as exc:
             self._cut_back()
-            raise
+            if not (self.direct_io and exc.errno == errno.EINVAL):
+                raise
+            # O_DIRECT taken at open but its writes refused (an alignment this file system does
+            # not take): write through the page cache from here on, this batch too.
+            log.warning("%s: direct writes refused (%s); entry logs are written through the page cache",
+                        self.directory, exc)
+            self._reopen_buffered()
+            return self.append_sorted(items, dir_index)
         self._offset = end
         return locations
+
+    def _reopen_buffered(self) -> None:
+        self.direct_io = False
+        os.close(self._fd)
+        self._fd = self._open_for_append(self.path(self._current))
 
     def _write_buffered(self, parts: list) -> None:
         for i in range(0, len(parts), _IOV_MAX):

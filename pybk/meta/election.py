@@ -29,11 +29,14 @@ class Elections(Queue):
         return found[0].decode() if found else None
 
     async def observe(self, name: str = AUDITOR) -> AsyncIterator[str | None]:
-        """The leader now, then again every time leadership may have changed (duplicates dropped)."""
+        """The leader now, then again every time leadership may have changed (duplicates dropped;
+        a leader that came and went between two looks may not be told)."""
         pfx = self._pfx(name)
         current = await self.leader(name)
         yield current
-        async for _ in watch_range(self.etcd, pfx, prefix_end(pfx), initial=False):
+        # initial: the keys as the watch first reads them count as changes, so a leader that
+        # arrived between the look above and the watch's start is told too
+        async for _ in watch_range(self.etcd, pfx, prefix_end(pfx), initial=True):
             now = await self.leader(name)
             if now != current:
                 current = now

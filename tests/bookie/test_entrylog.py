@@ -93,3 +93,21 @@ def test_a_file_system_that_refuses_direct_io_is_written_through_the_page_cache(
     _read_all(log, locations, {(1, e): body(1, e, 10) for e in range(3)})
     assert log.path(1).stat().st_size == 3 * (24 + 10)
     log.close()
+
+
+def test_direct_writes_refused_after_open_go_through_the_page_cache_from_then_on(tmp_path, monkeypatch, caplog):
+    """O_DIRECT accepted at open but its writes refused with EINVAL (an alignment the file system
+    does not take): the batch is written through the page cache, and so are the next ones."""
+    log = EntryLog(tmp_path, direct_io=True)
+    first = log.append_sorted([(1, 0, body(1, 0))])
+
+    def refusing_pwrite(fd, data, offset):   # direct writes are pwrites; buffered ones writev
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+    second = log.append_sorted([(2, e, body(2, e)) for e in range(3)])
+    third = log.append_sorted([(3, 0, body(3, 0))])
+    assert not log.direct_io and "direct writes refused" in caplog.text
+    _read_all(log, first + second + third, {(1, 0): body(1, 0), **{(2, e): body(2, e) for e in range(3)},
+                                            (3, 0): body(3, 0)})
+    log.close()
+    assert [(lg, e) for _, lg, e, _ in scan_log(log.path(1))] == [(1, 0), (2, 0), (2, 1), (2, 2), (3, 0)]

@@ -8,6 +8,8 @@ import pytest
 from pybk.local.process import ChildProcess
 from pybk.meta import VersionConflictError
 
+from polling import eventually
+
 HOLDER = Path(__file__).with_name("meta_holder.py")
 
 
@@ -82,8 +84,10 @@ async def test_leader_is_observed_changing(open_store):
             if len(seen) == 3:
                 return
     task = asyncio.create_task(watch())
-    await asyncio.sleep(0.2)
+    # campaign only once the observer has told the current state (no leader): it watches from there
+    await eventually(lambda: seen == [None], timeout=30, what="the observer's first answer")
     lead = await a.election.campaign("a")
+    await eventually(lambda: seen == [None, "a"], timeout=30, what="the observer to see the leader")
     await lead.release()
     await asyncio.wait_for(task, 30)
     await obs.aclose()
