@@ -124,28 +124,37 @@ class RecordBatch:
                 yield LogRecord(first_offset + i, ts[i], data[s:s + k], data[s + k:s + k + pl[i]])
 
 
+def record_heads(buf: bytes | memoryview, offset: int, size: int, h: EntryHeader) -> np.ndarray:
+    """The record headers of the entry buf[offset:offset + size] (whose header is h) in the full
+    layout (RECORD_DTYPE): a view of them, or, for a uniform entry, made from its lengths and
+    timestamp, so that readers handle one layout. CorruptEntryError when the entry's bytes cannot
+    hold as many headers as it claims."""
+    room = (size - ENTRY_HEADER_SIZE) // h.record_header_size
+    if h.count > room:
+        raise CorruptEntryError(f"record entry claims {h.count} records but its {size} bytes hold at most "
+                                f"{room} record headers")
+    at = offset + ENTRY_HEADER_SIZE
+    if not h.uniform:
+        return np.frombuffer(buf, RECORD_DTYPE, h.count, at)
+    heads = np.empty(h.count, RECORD_DTYPE)
+    heads["ts"] = h.max_timestamp
+    heads["klen"] = -1
+    heads["plen"] = np.frombuffer(buf, LENGTH_DTYPE, h.count, at)
+    return heads
+
+
 def decode(body: bytes) -> RecordBatch:
     """Decode one entry; CorruptEntryError naming what is wrong for anything that is not a
     well-formed record entry. Work and memory are bounded by len(body), whatever the header claims."""
     h = read_header(body)
-    room = (len(body) - ENTRY_HEADER_SIZE) // h.record_header_size
-    if h.count > room:
-        raise CorruptEntryError(f"record entry claims {h.count} records but its {len(body)} bytes hold at most "
-                                f"{room} record headers")
+    heads = record_heads(body, 0, len(body), h)
     heads_end = ENTRY_HEADER_SIZE + h.count * h.record_header_size
-    if h.uniform:
-        plen = np.frombuffer(body, LENGTH_DTYPE, h.count, ENTRY_HEADER_SIZE).astype(np.int64)
-        klen = np.full(h.count, -1, np.int64)
-        ts = np.full(h.count, h.max_timestamp, np.int64)
-        sizes = plen
-    else:
-        heads = np.frombuffer(body, RECORD_DTYPE, h.count, ENTRY_HEADER_SIZE)
-        klen = heads["klen"].astype(np.int64)
-        plen = heads["plen"].astype(np.int64)
-        if (klen < -1).any():
-            raise CorruptEntryError("record entry has a negative key length other than -1 (no key)")
-        sizes = np.maximum(klen, 0) + plen
-        ts = heads["ts"].astype(np.int64)
+    klen = heads["klen"].astype(np.int64)
+    plen = heads["plen"].astype(np.int64)
+    if (klen < -1).any():
+        raise CorruptEntryError("record entry has a negative key length other than -1 (no key)")
+    sizes = np.maximum(klen, 0) + plen
+    ts = heads["ts"].astype(np.int64)
     total = int(sizes.sum())
     if total != len(body) - heads_end:
         raise CorruptEntryError(f"record entry's records claim {total} bytes of keys and payloads but "

@@ -135,40 +135,25 @@ def _split_keys(data: np.ndarray, klen: np.ndarray, plen: np.ndarray) -> tuple[n
 
 
 def decode_chunk(buf: bytes, starts: Sequence[int], ends: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """The records of the entries buf[starts[i]:ends[i]], decoded together: per entry only
-    its header is unpacked and its record headers viewed (numpy, no copy); then one array per
-    column for all of them. Returns per record (its entry, its index in the segment, timestamp,
-    key length, payload length, where its bytes start in buf) and per entry (first index, where
-    its bytes end, producer, first sequence). CorruptEntryError for anything that is not a well-formed record entry, bounded by
-    the entries' sizes whatever their headers claim."""
+    """The records of the entries buf[starts[i]:ends[i]], decoded together: per entry only its
+    header is unpacked and its record headers viewed (codec.read_header, codec.record_heads);
+    then one array per column for all of them. Returns per record (its entry, its index in the
+    segment, timestamp, key length, payload length, where its bytes start in buf) and per entry
+    (first index, where its bytes end, producer, first sequence). CorruptEntryError for anything
+    that is not a well-formed record entry, bounded by the entries' sizes whatever their headers
+    claim."""
     n = len(starts)
     heads, counts, firsts, data_starts, data_ends = [], np.empty(n, np.int64), np.empty(n, np.int64), \
         np.empty(n, np.int64), np.empty(n, np.int64)
     producers, sequences = np.empty(n, np.int64), np.empty(n, np.int64)
     mv = memoryview(buf)
     for e, (start, end) in enumerate(zip(np.asarray(starts, np.int64).tolist(), np.asarray(ends, np.int64).tolist())):
-        if end - start < codec.ENTRY_HEADER_SIZE:
-            raise codec.CorruptEntryError(f"entry of {end - start} bytes is shorter than a record entry header")
-        magic, version, _flags, count, first, max_ts, producer, first_seq = codec.ENTRY_HEADER.unpack_from(buf, start)
-        if magic != codec.MAGIC or version not in codec.VERSIONS or count == 0:
-            raise codec.CorruptEntryError(f"entry does not start with a record entry header (magic {magic!r} version "
-                                          f"{version}, {count} records)")
-        uniform = version == codec.VERSION_UNIFORM
-        heads_end = start + codec.ENTRY_HEADER_SIZE + count * (codec.LENGTH_SIZE if uniform else codec.RECORD_HEADER_SIZE)
-        if heads_end > end:
-            raise codec.CorruptEntryError(f"record entry claims {count} records but its {end - start} bytes hold "
-                                          f"fewer record headers")
-        if uniform:   # full headers made from the lengths: one layout for what follows
-            full = np.empty(count, codec.RECORD_DTYPE)
-            full["ts"] = max_ts
-            full["klen"] = -1
-            full["plen"] = np.frombuffer(buf, codec.LENGTH_DTYPE, count, start + codec.ENTRY_HEADER_SIZE)
-            heads.append(full.tobytes())
-        else:
-            heads.append(mv[start + codec.ENTRY_HEADER_SIZE:heads_end])
-        counts[e], firsts[e], data_starts[e], data_ends[e] = count, first, heads_end, end
-        producers[e], sequences[e] = producer, first_seq
-    h = np.frombuffer(b"".join(heads), codec.RECORD_DTYPE)
+        entry = codec.read_header(mv[start:end])
+        heads.append(codec.record_heads(buf, start, end - start, entry))
+        counts[e], firsts[e], data_starts[e], data_ends[e] = (
+            entry.count, entry.first_index, start + codec.ENTRY_HEADER_SIZE + entry.count * entry.record_header_size, end)
+        producers[e], sequences[e] = entry.producer_id, entry.first_sequence
+    h = np.concatenate(heads) if heads else np.empty(0, codec.RECORD_DTYPE)
     klen = h["klen"].astype(np.int64)
     plen = h["plen"].astype(np.int64)
     if (klen < -1).any():
