@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast image-test demo proto bench e2e clean
+.PHONY: venv jar test test-fast image-test demo proto bench e2e clean
 
 venv: $(STAMP)
 
@@ -25,7 +25,12 @@ ORDER := -p randomly $(if $(SEED),--randomly-seed=$(SEED))
 # Four workers: the tests wait on processes, timers and deadlines much of their time, so two left the cores idle
 # (10:59 on a fresh clone); four keep them busy. Tests that bound stalls in wall time run the threads they time in
 # real time while they time them (tests/procfs.py `favoured`), so the neighbours this adds do not stretch them.
-test: venv  # every test, on four workers (real etcd, bookies, Spark, the operator process), then the 25 slowest
+# pybk's Spark jar (its JVM log reader), built once before the workers start rather than by each of them;
+# without a JDK it is not built and Spark scans of logs take the Python path
+jar: venv
+	@$(PY) -m pybk.spark.jvm > /dev/null || echo "pybk's Spark jar not built: Spark scans of logs take the Python path"
+
+test: venv jar  # every test, on four workers (real etcd, bookies, Spark, the operator process), then the 25 slowest
 	$(PY) -m pytest -q -p no:cacheprovider $(ORDER) -n 4 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test-fast: venv  # the inner loop: only the tests that start no etcd, bookie, Spark or container process

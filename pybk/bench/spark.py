@@ -14,7 +14,8 @@ dictionary-encode nor compress the copy.
 With --log, the data is a named log of --record-size records (100 bytes: many records per entry)
 instead, scanned with option log (columns log, offset, timestamp, key, payload); the 1 KiB-entry
 ledger comparison (--ledger-size) runs after it in the same session, so both ratios are printed
-side by side, with records (rows) per second. --columns payload reads the log through a narrower
+side by side, with records (rows) per second. --reader python scans the log with the Python data
+source instead of pybk's JVM reader (docs/spark.md). --columns payload reads the log through a narrower
 schema (the one column the aggregate needs, as Parquet's scan reads); --floor times a Python source
 that yields ready-made batches of the same columns (built once per Python worker), so the ratio
 left between the two is the read's.
@@ -75,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--columns", default=None,
                         help="with --log: scan only these log columns, comma-separated (e.g. payload), given "
                              "to Spark as the read's schema; the floor source (--floor) yields the same ones")
+    parser.add_argument("--reader", choices=("auto", "python"), default="auto",
+                        help="with --log: who reads the scan: auto (default: pybk's JVM reader when its jar "
+                             "builds) or python (the Python data source)")
     parser.add_argument("--bytes-per-partition", default=None,
                         help="with --log: the source's bytesPerPartition (default: the source's default)")
     parser.add_argument("--ledger-size", default="256MiB",
@@ -154,7 +158,7 @@ def _log_frame(spark, uri: str, args: argparse.Namespace):
         r = r.schema(_columns_schema(args))
     if args.bytes_per_partition:
         r = r.option("bytesPerPartition", str(_size(args.bytes_per_partition)))
-    return r.load()
+    return r.option("reader", args.reader).load()
 
 
 FLOOR_BATCH_ROWS = 35_840   # one 4 MiB sub-range of 100-byte records, as the log scan hands Spark

@@ -218,7 +218,9 @@ class BookKeeper:
         self._learn_addresses(infos)
         return {bid: (info.zone or None) for bid, info in infos.items()}
 
-    async def _address(self, bookie_id: str) -> str:
+    async def address(self, bookie_id: str) -> str:
+        """Where a bookie listens for gRPC (host:port), from its registration; BookieUnavailableError
+        for one that is not registered."""
         addr = self._addresses.get(bookie_id)
         if addr is None:
             await self.writable_bookies()
@@ -249,7 +251,7 @@ class BookKeeper:
         fut = self._clients.get(bookie_id)
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
             async def connect():
-                return await BookieClient.connect(await self._address(bookie_id), security=self.security)
+                return await BookieClient.connect(await self.address(bookie_id), security=self.security)
             fut = self._clients[bookie_id] = asyncio.ensure_future(connect())
         try:
             return await asyncio.shield(fut)

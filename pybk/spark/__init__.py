@@ -12,7 +12,10 @@ from __future__ import annotations
 
 
 def register(spark) -> None:
-    """Register the `pybk` format with a SparkSession and enable Python filter pushdown."""
+    """Register the `pybk` format with a SparkSession and enable Python filter pushdown. With
+    pybk's jar on the session's classpath (`pybk.spark.session.jar_conf`), format("pybk") is
+    its JVM source, which reads batch scans of logs itself and hands everything else to the
+    Python source: register then also tells it where to plan (`jvm.bridge`)."""
     import warnings
     # pyspark 4.x warns on every session that pandas 3 is "not yet fully supported"; the pybk
     # source does not use pandas (Arrow only), so the warning is noise in job output.
@@ -22,7 +25,11 @@ def register(spark) -> None:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     except Exception:  # older Spark without the setting: filters are simply not pushed
         pass
-    spark.dataSource.register(LedgerDataSource)
+    from .jvm.bridge import attach
+    from .source import PythonDataSource
+    spark.dataSource.register(PythonDataSource)
+    if not attach(spark):   # Spark refuses a Python source the name of a JVM one
+        spark.dataSource.register(LedgerDataSource)
 
 
 def written_ledgers(uri: str, job_id: str) -> dict[int, int]:

@@ -37,6 +37,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (OptionError, PybkSparkError, BKError, MetadataError)
 
 
+def is_user_error(exc: BaseException) -> bool:
+    """Whether exc is one of our errors whose message says everything (no traceback needed)."""
+    return isinstance(exc, _user_errors())
+
+
 def hide_worker_traceback() -> None:
     """Make this Spark Python worker report the exception being raised as `<Class>: <message>`."""
     os.environ["SPARK_HIDE_TRACEBACK"] = "1"

@@ -8,6 +8,7 @@ after a time (ms).
 """
 from __future__ import annotations
 
+import enum
 import json
 import re
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ LOG_READ_OPTIONS = {
     "password": "the logs' password: needed only for MAC-signed logs (CRC32C logs need none)",
     "passwords": "JSON {\"<log>\": password, ...}: passwords by log name",
     "path": "same as log",
+    "reader": "batch scans: 'auto' (default: pybk's JVM reader when its jar is on Spark's classpath, as "
+              "pybk.spark.session.local_session puts it; else the Python data source) or 'python' (the "
+              "Python data source always)",
     **SECURITY_OPTIONS,
 }
 
@@ -68,6 +72,13 @@ LOG_WRITE_OPTIONS = {
 def is_log_options(options: Mapping[str, str]) -> bool:
     """True when the options address logs (option log), not ledgers."""
     return any(str(k).lower() == "log" for k in options)
+
+
+class ScanReader(enum.Enum):
+    """Who reads a batch scan's partitions: pybk's JVM reader when Spark has it, or Python."""
+
+    AUTO = "auto"
+    PYTHON = "python"
 
 
 @dataclass(frozen=True)
@@ -177,6 +188,7 @@ class LogReadOptions:
     password: bytes = b""
     passwords: tuple[tuple[str, bytes], ...] = ()
     security: ClientSecurity | None = None
+    reader: ScanReader = ScanReader.AUTO
 
     def password_for(self, log: str) -> bytes:
         return dict(self.passwords).get(log, self.password)
@@ -206,6 +218,9 @@ class LogReadOptions:
             if str(opts.get("passwords") or "").strip() else {}
         if any(not isinstance(v, str) for v in passwords.values()):
             raise OptionError("option passwords: every password must be a JSON string")
+        reader = str(opts.get("reader", "auto")).strip().lower()
+        if reader not in {r.value for r in ScanReader}:
+            raise OptionError(f"option reader: {reader!r} must be auto or python")
         return cls(
             metadata_uri=uri,
             logs=parse_logs(opts.get("log") or opts.get("path")),
@@ -224,6 +239,7 @@ class LogReadOptions:
             password=str(opts.get("password", "")).encode("utf-8"),
             passwords=tuple(sorted((str(k), v.encode("utf-8")) for k, v in passwords.items())),
             security=parse_security(opts),
+            reader=ScanReader(reader),
         )
 
 

@@ -271,6 +271,18 @@ def include_producer(opts: LogReadOptions) -> bool:
     return run(any_producer())
 
 
+async def batch_partitions(opts: LogReadOptions) -> list[InputPartition]:
+    """The partitions of a batch scan: each log from where the query starts to where it ends."""
+    planner = LogPlanner(opts)
+    states = await planner.states(await planner.names(strict=True))
+    bounds = {}
+    for name, st in states.items():
+        bounds[name] = (await planner.start_of(st, opts.starting, True), planner.end_of(st))
+    parts = await planner.plan(bounds, states)
+    log.info("pybk scan of %d log(s): %d partitions", len(states), len(parts))
+    return parts
+
+
 class LogBatchReader(DataSourceReader):
     """A batch scan of logs from startingOffsets (or a time) to endingOffsets."""
 
@@ -280,17 +292,7 @@ class LogBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         with cause_first():
-            return run(self._plan())
-
-    async def _plan(self) -> list[InputPartition]:
-        planner = LogPlanner(self.opts)
-        states = await planner.states(await planner.names(strict=True))
-        bounds = {}
-        for name, st in states.items():
-            bounds[name] = (await planner.start_of(st, self.opts.starting, True), planner.end_of(st))
-        parts = await planner.plan(bounds, states)
-        log.info("pybk scan of %d log(s): %d partitions", len(states), len(parts))
-        return parts
+            return run(batch_partitions(self.opts))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return cause_first_iter(read_log(self.opts, partition, self.schema))

@@ -3,7 +3,8 @@
 Two things break PySpark obscurely: no `java` (the JVM gateway dies with a cryptic message) and
 workers started with a different Python than the driver's (they cannot import pybk or pyarrow).
 `require_java()` names the package to install; `local_session()` pins PYSPARK_PYTHON to this
-interpreter, registers the `pybk` data source and turns on Python filter pushdown.
+interpreter, puts pybk's jar on the classpath (`jar_conf`), registers the `pybk` data source and
+turns on Python filter pushdown.
 """
 from __future__ import annotations
 
@@ -70,13 +71,24 @@ def local_session(master: str = "local[2]", app_name: str = "pybk", conf: dict[s
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.pyspark.python", sys.executable)
                .config("spark.sql.python.filterPushdown.enabled", "true"))
-    for key, value in (conf or {}).items():
+    for key, value in {**jar_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     from . import register
     register(spark)
     return spark
+
+
+def jar_conf() -> dict[str, str]:
+    """Spark settings that put pybk's jar (its JVM log reader, `pybk.spark.jvm`) on the driver's
+    and the executors' classpath; none when it cannot be built (no JDK): then format("pybk") is
+    the Python source alone."""
+    from .jvm import available_jar
+    jar = available_jar()
+    if jar is None:
+        return {}
+    return {"spark.driver.extraClassPath": str(jar), "spark.executor.extraClassPath": str(jar)}
 
 
 def activate(spark) -> None:

@@ -86,6 +86,15 @@ class LedgerDataSource(DataSource):
             return LedgerStreamWriter(opts, payload_column(schema))
 
 
+class PythonDataSource(LedgerDataSource):
+    """The same source under the name pybk's JVM source hands the reads and writes it does not
+    do itself to (PybkDataSource.PYTHON_NAME): streams, ledgers, writes, schemas."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pybk_python"
+
+
 def _write_options(options) -> WriteOptions:
     """A write's options with the driver's credentials; refused on the driver, before any task
     runs, when security is on and no password is given (the ledgers' master keys would be public)."""

@@ -1,9 +1,8 @@
 """The record entry codec: what goes in comes out, and hostile bytes give a clear, bounded error."""
 from __future__ import annotations
 
-import struct
-
 import pytest
+from codec_cases import HOSTILE, HOSTILE_UNIFORM, UNIFORM
 
 from pybk.log import codec
 from pybk.log.errors import CorruptEntryError
@@ -55,15 +54,7 @@ def test_keyless_records_of_one_timestamp_make_a_uniform_entry_with_a_length_per
         assert [r.payload for r in codec.decode(body).records(0)] == [b"x" * 100] * 10 + [b"z"]
 
 
-UNIFORM = codec.encode([(b"payload", None, 5), (b"p2", None, 5)], 0)
-
-
-@pytest.mark.parametrize("body, cause", [
-    (UNIFORM[:4] + struct.pack(">I", 10**6) + UNIFORM[8:], "claims 1000000 records"),
-    (UNIFORM[:-1], "claim 9 bytes of keys and payloads but 8 follow"),
-    (UNIFORM[:40] + struct.pack(">I", 2**32 - 1) + UNIFORM[44:], "claim 4294967297 bytes"),
-    (UNIFORM[:2] + bytes([3]) + UNIFORM[3:], "does not start with a record entry header"),
-])
+@pytest.mark.parametrize("body, cause", HOSTILE_UNIFORM)
 def test_hostile_uniform_entries_give_an_error_naming_the_cause(body, cause):
     assert codec.read_header(UNIFORM).uniform
     with pytest.raises(CorruptEntryError, match=cause):
@@ -75,20 +66,7 @@ def test_first_at_or_after_finds_the_first_record_at_a_timestamp():
     assert [batch.first_at_or_after(t) for t in (5, 10, 11, 20, 21, 30, 31)] == [0, 0, 1, 1, 3, 3, 4]
 
 
-GOOD = codec.encode([(b"payload", b"key", 1), (b"p2", None, 2)], 0)
-
-
-@pytest.mark.parametrize("body, cause", [
-    (b"", "shorter than a record entry header"),
-    (GOOD[:39], "shorter than a record entry header"),
-    (b"XX" + GOOD[2:], "does not start with a record entry header"),
-    (GOOD[:4] + struct.pack(">I", 0) + GOOD[8:], "holds no records"),
-    (GOOD[:4] + struct.pack(">I", 2**32 - 1) + GOOD[8:], "claims 4294967295 records"),
-    (GOOD[:-1], "claim 12 bytes of keys and payloads but 11 follow"),
-    (GOOD + b"!", "claim 12 bytes of keys and payloads but 13 follow"),
-    (GOOD[:48] + struct.pack(">i", -5) + GOOD[52:], "negative key length"),
-    (GOOD[:52] + struct.pack(">I", 2**32 - 1) + GOOD[56:], "claim 4294967300 bytes"),
-])
+@pytest.mark.parametrize("body, cause", HOSTILE)
 def test_hostile_entries_give_an_error_naming_the_cause(body, cause):
     with pytest.raises(CorruptEntryError, match=cause):
         codec.decode(body)

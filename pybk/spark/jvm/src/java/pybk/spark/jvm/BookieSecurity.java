@@ -39,6 +39,22 @@ public final class BookieSecurity implements Serializable {
     this.tokenFile = tokenFile;
   }
 
+  /**
+   * From this process's environment: the variable named by names.get(option) for each option
+   * (tls_ca, tls_cert, tls_key, tls_server_name, token_file), as the Python client reads its
+   * own (the planner sends the names, pybk.security.settings.ENV, so they live in one place).
+   */
+  public static BookieSecurity fromEnv(java.util.Map<String, String> names) {
+    return new BookieSecurity(env(names, "tls_ca"), env(names, "tls_cert"), env(names, "tls_key"),
+        env(names, "tls_server_name"), env(names, "token_file"));
+  }
+
+  private static String env(java.util.Map<String, String> names, String option) {
+    String name = names.get(option);
+    String v = name == null ? null : System.getenv(name);
+    return v == null || v.isEmpty() ? null : v;
+  }
+
   /** Whether connections use TLS (a CA file is given). */
   public boolean tls() {
     return caFile != null;

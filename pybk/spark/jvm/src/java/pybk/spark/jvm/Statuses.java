@@ -3,6 +3,7 @@ package pybk.spark.jvm;
 /** Names of the bookie's pybk Status codes and of gRPC status codes, for messages. */
 final class Statuses {
   static final int OK = 0;
+  static final int NO_LEDGER = 1;
   static final int NO_ENTRY = 2;
 
   private static final String[] PYBK = {"OK", "NO_LEDGER", "NO_ENTRY", "BAD_REQUEST", "IO_ERROR", "UNAUTHORIZED",
