@@ -33,6 +33,7 @@ from pybk.security.settings import ENV as CLIENT_ENV
 
 IMAGE = "pybk-spark:0.1.0"
 IMAGE_JOBS_DIR = "/opt/pybk/spark"
+IMAGE_JAR = "/opt/pybk/pybk-spark.jar"   # pybk's Spark jar in the image (Dockerfile: PYBK_SPARK_JAR)
 SERVICE_ACCOUNT = "pybk-spark"
 MASTER = "k8s://https://kubernetes.default.svc"
 DRIVER_PORT = 7078
@@ -124,6 +125,9 @@ def spark_conf(job: SparkJob) -> dict[str, str]:
         "spark.executor.cores": str(job.executor_cores),
         "spark.executor.memory": job.executor_memory,
         f"spark.kubernetes.executor.label.{APP_LABEL[0]}": APP_LABEL[1],
+        # pybk's JVM log reader (docs/spark.md), as the image has it; an image without it: the Python reader
+        "spark.driver.extraClassPath": IMAGE_JAR,
+        "spark.executor.extraClassPath": IMAGE_JAR,
     }
     for secret, path in job.secrets.items():
         conf[f"spark.kubernetes.executor.secrets.{secret}"] = path

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pybk.security.settings import ENV
-from pybk.spark.submit import (APP_LABEL, BLOCK_MANAGER_PORT, DRIVER_LABEL, DRIVER_PORT, IMAGE_JOBS_DIR, MASTER,
+from pybk.spark.submit import (APP_LABEL, BLOCK_MANAGER_PORT, DRIVER_LABEL, DRIVER_PORT, IMAGE_JAR, IMAGE_JOBS_DIR, MASTER,
                                SparkJob, SubmitError, job_manifests, job_name, metadata_uri_of,
                                spark_conf)
 
@@ -230,6 +230,9 @@ def test_submit_builds_a_driver_job_for_a_cluster():
     args = objs[1]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-7:] == [f"{IMAGE_JOBS_DIR}/ledger_stats.py", "-m", URI, "--ledgers", "1-9", "-o", "json"]
     assert conf["spark.executor.instances"] == "3" and conf["spark.ui.enabled"] == "false"
+    # the image's jar (the JVM log reader) on the driver's and the executors' classpath
+    assert conf["spark.driver.extraClassPath"] == conf["spark.executor.extraClassPath"] == IMAGE_JAR
+    assert f"PYBK_SPARK_JAR={IMAGE_JAR}" in (ROOT / "Dockerfile").read_text()
     assert objs[1]["metadata"]["name"] == "demo-ledger-stats"
     assert objs[0]["spec"]["selector"] == {DRIVER_LABEL: "demo-ledger-stats"}
     assert {p["port"] for p in objs[0]["spec"]["ports"]} == {DRIVER_PORT, BLOCK_MANAGER_PORT}

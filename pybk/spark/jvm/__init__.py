@@ -109,7 +109,14 @@ def build() -> Path:
 
 
 def available_jar() -> Path | None:
-    """The jar, built if need be; None (with the reason logged) when it cannot be."""
+    """The jar: $PYBK_SPARK_JAR when set (a prebuilt one, as the Spark image has), else built if
+    need be; None (with the reason logged) when it cannot be."""
+    prebuilt = os.environ.get("PYBK_SPARK_JAR")
+    if prebuilt:
+        if os.path.isfile(prebuilt):
+            return Path(prebuilt)
+        log.warning("pybk: PYBK_SPARK_JAR=%s is not a file: no JVM log reader", prebuilt)
+        return None
     try:
         return build()
     except (JarBuildError, OSError) as exc:
