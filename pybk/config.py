@@ -392,6 +392,9 @@ ELSEWHERE: dict[str, str] = {
     "PYBK_DURABILITY_SEED": "the durability test: its random seed",
     "PYBK_LOG_RETENTION_INTERVAL": "the elected autorecovery process: seconds between passes of named logs' "
                                    "retention (default 60; 0 disables)",
+    "PYBK_SPARK_JAR": "Spark sessions (pybk.spark.session): a prebuilt pybk Spark jar (the JVM log reader) to use "
+                      "instead of building one (the Spark image sets it)",
+    "PYBK_CACHE_DIR": "where pybk keeps what it builds: its Spark jar (default $XDG_CACHE_HOME/pybk or ~/.cache/pybk)",
     "PYBK_LOG_METRICS_MAX_LOGS": "any process using named logs: logs given a `log` label of their own in its "
                                  "metrics (default 100; later ones share `_other`)",
 }
