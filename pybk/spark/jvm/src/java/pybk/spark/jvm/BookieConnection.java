@@ -17,6 +17,7 @@ import io.netty.handler.codec.http2.Http2FrameCodecBuilder;
 import io.netty.handler.codec.http2.Http2GoAwayFrame;
 import io.netty.handler.codec.http2.Http2MultiplexHandler;
 import io.netty.handler.codec.http2.Http2Settings;
+import io.netty.handler.codec.http2.Http2SettingsFrame;
 import io.netty.handler.codec.http2.Http2StreamChannel;
 import io.netty.handler.codec.http2.Http2StreamChannelBootstrap;
 import io.netty.handler.ssl.ApplicationProtocolNames;
@@ -58,7 +59,7 @@ final class BookieConnection {
     this.ready = ready;
   }
 
-  /** Starts connecting to host:port; {@link #await} waits for the connection (and TLS handshake). */
+  /** Starts connecting to host:port; {@link #await} waits for the connection (TLS, the bookie's SETTINGS). */
   static BookieConnection open(EventLoopGroup group, String address, SslContext ssl, BookieSecurity sec,
                                int connectTimeoutMs) throws BookieReadException {
     int colon = address.lastIndexOf(':');
@@ -89,8 +90,6 @@ final class BookieConnection {
       if (!done.isSuccess()) {
         c.usable = false;
         c.ready.tryFailure(done.cause());
-      } else if (ssl == null) {
-        c.ready.trySuccess(f.channel());
       }
     });
     return c;
@@ -129,7 +128,11 @@ final class BookieConnection {
     return name.indexOf(':') >= 0 || name.matches("[0-9.]+");
   }
 
-  /** The connection's state: ready after the TLS handshake chose h2; unusable after GOAWAY or close. */
+  /**
+   * The connection's state: ready once the bookie's SETTINGS came (after a TLS handshake that chose h2),
+   * so that a port that does not speak HTTP/2 fails the connection, not a call; unusable after GOAWAY
+   * or close.
+   */
   private final class Watcher extends ChannelInboundHandlerAdapter {
     private final Http2FrameCodec codec;
     private final boolean tls;
@@ -156,9 +159,7 @@ final class BookieConnection {
           ready.tryFailure(e.cause());
         } else {
           String protocol = ctx.pipeline().get(SslHandler.class).applicationProtocol();
-          if (ApplicationProtocolNames.HTTP_2.equals(protocol)) {
-            ready.trySuccess(ctx.channel());
-          } else {
+          if (!ApplicationProtocolNames.HTTP_2.equals(protocol)) {
             usable = false;
             ready.tryFailure(new IllegalStateException("the server did not choose HTTP/2 in the TLS handshake"
                 + " (ALPN " + protocol + ")"));
@@ -173,6 +174,8 @@ final class BookieConnection {
     public void channelRead(ChannelHandlerContext ctx, Object msg) {
       if (msg instanceof Http2GoAwayFrame) {
         usable = false;
+      } else if (msg instanceof Http2SettingsFrame) {
+        ready.trySuccess(ctx.channel());
       }
       ReferenceCountUtil.release(msg);
     }
@@ -187,7 +190,8 @@ final class BookieConnection {
     @Override
     public void channelInactive(ChannelHandlerContext ctx) {
       usable = false;
-      ready.tryFailure(new IllegalStateException("the connection closed"));
+      ready.tryFailure(new IllegalStateException("the connection closed before the bookie spoke HTTP/2"
+          + (tls ? "" : " (a TLS port dialled without TLS?)")));
       ctx.fireChannelInactive();
     }
   }
@@ -221,6 +225,11 @@ final class BookieConnection {
       s += " (" + c.getClass().getSimpleName() + ": " + c.getMessage() + ")";
     }
     return s;
+  }
+
+  /** Whether the connection was made (and has not failed to be made). */
+  boolean established() {
+    return ready.isSuccess();
   }
 
   /** Whether new calls may go on this connection. */

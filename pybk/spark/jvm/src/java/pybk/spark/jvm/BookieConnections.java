@@ -99,14 +99,17 @@ public final class BookieConnections {
     Key key = new Key(address, sec);
     BookieConnection conn = connection(key, timeoutMs);
     PackedStream stream = new PackedStream(address, timeoutMs);
+    boolean established = conn.established();
     Http2StreamChannel ch;
     try {
       ch = open(conn, stream, timeoutMs);
     } catch (BookieReadException e) {
-      connections.remove(key, conn);   // a connection that cannot take a stream: the next call makes a new one
+      connections.remove(key, conn);
       conn.close();
-      conn = connection(key, timeoutMs);
-      ch = open(conn, stream, timeoutMs);
+      if (!established) {
+        throw e;
+      }
+      ch = open(connection(key, timeoutMs), stream, timeoutMs);   // it broke since its last call: once more, anew
     }
     stream.attach(ch);
     Http2StreamChannel call = ch;
