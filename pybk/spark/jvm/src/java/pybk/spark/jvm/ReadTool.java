@@ -2,6 +2,7 @@ package pybk.spark.jvm;
 
 import io.netty.buffer.ByteBuf;
 import io.netty.buffer.ByteBufAllocator;
+import io.netty.util.internal.PlatformDependent;
 import java.io.BufferedWriter;
 import java.io.OutputStreamWriter;
 import java.io.PrintWriter;
@@ -12,22 +13,27 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.zip.CRC32;
 
 /**
  * Test driver of the Read transport: {@code ReadTool host:port ledgerId first last [--ca F --cert F
  * --key F --server-name N --token-file F --timeout-ms N --sleep-ms N --close-after N --calls N
- * --leak-check]} prints "answer FIRST COUNT BYTES" per answer and "entry ID SIZE CRC32" per entry
+ * --leak-check --report-memory]} prints "answer FIRST COUNT BYTES" per answer and "entry ID SIZE CRC32" per entry
  * (CRC32 of its whole body), then "end"; on failure "error STATUS MESSAGE" (STATUS as
  * BookieReadException.status) and exit 1. --sleep-ms makes it a slow consumer, sleeping after each
  * answer; --close-after N closes the stream after N answers (the call cancelled mid-way) and prints
  * "closed"; --calls N makes N concurrent calls on the shared connections, prints the first's and fails
  * unless all N read the same entries; --leak-check has Netty report buffers never released (run with
- * -Dio.netty.leakDetection.level=paranoid) after the calls.
+ * -Dio.netty.leakDetection.level=paranoid) after the calls; --report-memory prints "memory BYTES" last
+ * but one: the most direct memory Netty's buffers took when an answer was taken.
  */
 public final class ReadTool {
   private static final String USAGE = "usage: ReadTool host:port ledgerId first last [--ca F --cert F --key F "
-      + "--server-name N --token-file F --timeout-ms N --sleep-ms N --close-after N --calls N --leak-check]";
+      + "--server-name N --token-file F --timeout-ms N --sleep-ms N --close-after N --calls N --leak-check --report-memory]";
+
+  /** The most direct memory Netty held when an answer was taken. */
+  private static final AtomicLong PEAK_DIRECT = new AtomicLong();
 
   private ReadTool() {
   }
@@ -53,10 +59,11 @@ public final class ReadTool {
     String ca = null, cert = null, key = null, serverName = null, tokenFile = null;
     long timeoutMs = 30_000, sleepMs = 0, closeAfter = -1;
     int calls = 1;
-    boolean leakCheck = false;
+    boolean leakCheck = false, reportMemory = false;
     for (int i = 4; i < args.length; i += 2) {
-      if (args[i].equals("--leak-check")) {
-        leakCheck = true;
+      if (args[i].equals("--leak-check") || args[i].equals("--report-memory")) {
+        leakCheck |= args[i].equals("--leak-check");
+        reportMemory |= args[i].equals("--report-memory");
         i--;
         continue;
       }
@@ -98,6 +105,9 @@ public final class ReadTool {
     }
     List<String> first = results.get(0);
     first.forEach(out::println);
+    if (reportMemory) {
+      out.println("memory " + PEAK_DIRECT.get());
+    }
     if (leakCheck) {
       leakCheck();
     }
@@ -163,6 +173,7 @@ public final class ReadTool {
         CRC32 crc = new CRC32();
         long answers = 0;
         for (PackedAnswer a; (a = stream.next()) != null; ) {
+          PEAK_DIRECT.accumulateAndGet(PlatformDependent.usedDirectMemory(), Math::max);
           out.add("answer " + a.firstEntry + " " + a.count() + " " + a.bodies.length);
           int pos = 0;
           for (int i = 0; i < a.count(); i++) {
