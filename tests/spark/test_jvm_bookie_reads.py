@@ -315,3 +315,22 @@ async def test_a_large_range_read_slowly_stays_within_a_small_heap(jar, bookies)
     # a stream window (4 MiB), the message being cut and two whole ones, in pooled chunks: ~17 MiB;
     # a stream that read on regardless held what the connection's window let in (64 MiB)
     assert 0 < run.memory < 28 << 20, run.memory
+
+
+@pytest.mark.parametrize("answers_pings", [False, True])
+async def test_a_silent_connection_is_pinged_and_dropped_if_the_ping_goes_unanswered(jar, answers_pings):
+    """A bookie silent while a call waits is sent a PING after the keepalive time (1 s here): unanswered
+    for as long again, the connection is closed and the call fails at once, long before its own
+    timeout; answered (a live bookie whose call is slow), the call waits for its timeout."""
+    raw = RawServer(answering(call(end=False)), answer_pings=answers_pings)
+    address = await raw.start()
+    timeout = 6000 if answers_pings else 60_000
+    run = await read_tool(jar, address, 1, 0, 10, "--timeout-ms", str(timeout),
+                          jvm=("-Dpybk.bookie.keepaliveSeconds=1",))
+    assert run.code == 1 and run.status == TRANSPORT, run.last
+    assert any(f[0] == h2frames.PING and not f[1] & h2frames.ACK for f in raw.frames)
+    if answers_pings:
+        assert f"bookie {address}: no answer within 6000 ms" in run.last
+    else:
+        assert f"bookie {address}: the connection or stream closed before the call ended" in run.last
+        assert run.seconds < 30

@@ -11,6 +11,7 @@ import io.netty.channel.ChannelPipeline;
 import io.netty.channel.EventLoopGroup;
 import io.netty.channel.socket.SocketChannel;
 import io.netty.channel.socket.nio.NioSocketChannel;
+import io.netty.handler.codec.http2.DefaultHttp2PingFrame;
 import io.netty.handler.codec.http2.Http2CodecUtil;
 import io.netty.handler.codec.http2.Http2FrameCodec;
 import io.netty.handler.codec.http2.Http2FrameCodecBuilder;
@@ -24,6 +25,8 @@ import io.netty.handler.ssl.ApplicationProtocolNames;
 import io.netty.handler.ssl.SslContext;
 import io.netty.handler.ssl.SslHandler;
 import io.netty.handler.ssl.SslHandshakeCompletionEvent;
+import io.netty.handler.timeout.IdleStateEvent;
+import io.netty.handler.timeout.IdleStateHandler;
 import io.netty.util.ReferenceCountUtil;
 import io.netty.util.concurrent.Future;
 import io.netty.util.concurrent.Promise;
@@ -44,6 +47,11 @@ final class BookieConnection {
   static final int CONNECTION_WINDOW = 64 << 20;
   private static final int MAX_FRAME = 256 << 10;
   private static final int MAX_HEADER_LIST = 64 << 10;
+  /**
+   * Silence, with calls in flight, after which the bookie is sent a PING; as long again unanswered, the
+   * connection is closed (system property pybk.bookie.keepaliveSeconds, 30 by default).
+   */
+  static final int KEEPALIVE_SECONDS = Integer.getInteger("pybk.bookie.keepaliveSeconds", 30);
 
   final String address;
   final String host;
@@ -110,6 +118,7 @@ final class BookieConnection {
       engine.setSSLParameters(params);
       p.addLast(tls);
     }
+    p.addLast(new IdleStateHandler(KEEPALIVE_SECONDS, 0, 0));
     Http2FrameCodec codec = Http2FrameCodecBuilder.forClient()
         .initialSettings(Http2Settings.defaultSettings().initialWindowSize(STREAM_WINDOW).maxFrameSize(MAX_FRAME)
             .maxHeaderListSize(MAX_HEADER_LIST).pushEnabled(false))
@@ -152,6 +161,10 @@ final class BookieConnection {
 
     @Override
     public void userEventTriggered(ChannelHandlerContext ctx, Object evt) {
+      if (evt instanceof IdleStateEvent) {
+        keepalive(ctx);
+        return;
+      }
       if (evt instanceof SslHandshakeCompletionEvent && tls) {
         SslHandshakeCompletionEvent e = (SslHandshakeCompletionEvent) evt;
         if (!e.isSuccess()) {
@@ -170,14 +183,33 @@ final class BookieConnection {
       ctx.fireUserEventTriggered(evt);
     }
 
+    /** A PING sent and nothing read since. */
+    private boolean pinged;
+
     @Override
     public void channelRead(ChannelHandlerContext ctx, Object msg) {
+      pinged = false;
       if (msg instanceof Http2GoAwayFrame) {
         usable = false;
       } else if (msg instanceof Http2SettingsFrame) {
         ready.trySuccess(ctx.channel());
       }
       ReferenceCountUtil.release(msg);
+    }
+
+    /** A bookie silent while calls wait on it is asked for a PING, and dropped if that goes unanswered too:
+     * its calls then fail at once instead of each waiting for its own timeout on a dead connection. */
+    private void keepalive(ChannelHandlerContext ctx) {
+      if (codec.connection().numActiveStreams() == 0) {
+        return;
+      }
+      if (pinged) {
+        usable = false;
+        ctx.close();
+      } else {
+        pinged = true;
+        ctx.writeAndFlush(new DefaultHttp2PingFrame(System.nanoTime()));
+      }
     }
 
     @Override
