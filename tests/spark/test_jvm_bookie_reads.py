@@ -117,7 +117,9 @@ async def test_reads_equal_the_python_clients_and_errors_name_their_cause(jar, b
     entry's id, size and CRC32 are what the Python client reads from the same bookie, in each of four
     concurrent calls on the JVM's shared connection, and no buffer is left unreleased. A ledger the
     bookie does not hold is NO_LEDGER; a range past the end delivers the entries before its end, then
-    NO_ENTRY naming the first missing one; a port with nothing listening is a connect error."""
+    NO_ENTRY naming the first missing one; a port with nothing listening is a connect error.
+
+    Slow: seven JVMs start (2-3 s each), and 3000 entries are written and read back by both clients."""
     procs = bookies(3)
     count = 3000
     lid, _ = await write_ledger(metadata_uri, count)
@@ -165,7 +167,9 @@ async def test_tls_and_token_on_a_secured_cluster(jar, secured, tmp_path):
     """With the cluster's CA and a token, reads over TLS (ALPN h2, the server checked against the CA
     and the dialled address) equal the Python client's. A wrong token is refused by the bookie,
     named UNAUTHENTICATED; the TLS port dialled in plaintext, or TLS without the server's CA, fails
-    as a transport error naming the bookie, and so does a server name the certificate does not name."""
+    as a transport error naming the bookie, and so does a server name the certificate does not name.
+
+    Slow: a secured local cluster starts (etcd with auth, three TLS bookies), then six JVMs."""
     security = secured.security
     lid, bookie_ids = await write_ledger(secured.metadata_uri, 300, security=security)
     async with await BookKeeper.connect(secured.metadata_uri, security=security) as bk:
@@ -244,7 +248,8 @@ def reset_by_client(raw: RawServer) -> bool:
 
 
 @pytest.mark.parametrize("answer, cause", [
-    (call(end=False, extra=struct.pack(">BI", 0, 2 ** 31)), "a message of 2147483648 bytes, over the limit of 16777216"),
+    (call(end=False, extra=struct.pack(">BI", 0, 2 ** 31)),
+     "a message of 2147483648 bytes, over the limit of 16777216"),
     (call(b"\x30\xff"), "malformed ReadResults: a truncated varint"),
     (call(b"\x3a\x10abc"), "malformed ReadResults: field 7 of 16 bytes where 3 are left"),
     (call(b"\x30\x00\x3a\x03abc\x42\x01\x05"),

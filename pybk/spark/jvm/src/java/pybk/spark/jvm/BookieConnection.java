@@ -270,6 +270,11 @@ final class BookieConnection {
     return usable && (!ready.isDone() || (ready.isSuccess() && ch.isActive()));
   }
 
+  /** Done when the connection closed. */
+  io.netty.channel.ChannelFuture closeFuture() {
+    return channel.closeFuture();
+  }
+
   void close() {
     usable = false;
     channel.close();

@@ -176,6 +176,7 @@ public final class BookieConnections {
       BookieConnection fresh = BookieConnection.open(group, key.address, ssl, key.security,
           (int) Math.min(timeoutMs, Integer.MAX_VALUE));
       connections.put(key, fresh);
+      fresh.closeFuture().addListener(f -> connections.remove(key, fresh));   // no dead connection kept
       return fresh;
     }
   }

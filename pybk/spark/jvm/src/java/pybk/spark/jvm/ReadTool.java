@@ -30,7 +30,8 @@ import java.util.zip.CRC32;
  */
 public final class ReadTool {
   private static final String USAGE = "usage: ReadTool host:port ledgerId first last [--ca F --cert F --key F "
-      + "--server-name N --token-file F --timeout-ms N --sleep-ms N --close-after N --calls N --leak-check --report-memory]";
+      + "--server-name N --token-file F --timeout-ms N --sleep-ms N --close-after N --calls N --leak-check "
+      + "--report-memory]";
 
   /** The most direct memory Netty held when an answer was taken. */
   private static final AtomicLong PEAK_DIRECT = new AtomicLong();
