@@ -271,7 +271,7 @@ final class BookieConnection {
   }
 
   /** Done when the connection closed. */
-  io.netty.channel.ChannelFuture closeFuture() {
+  ChannelFuture closeFuture() {
     return channel.closeFuture();
   }
 
