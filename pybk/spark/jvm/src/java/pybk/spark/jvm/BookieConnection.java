@@ -11,18 +11,22 @@ import io.netty.channel.ChannelPipeline;
 import io.netty.channel.EventLoopGroup;
 import io.netty.channel.socket.SocketChannel;
 import io.netty.channel.socket.nio.NioSocketChannel;
+import io.netty.handler.codec.http2.DefaultHttp2PingFrame;
 import io.netty.handler.codec.http2.Http2CodecUtil;
 import io.netty.handler.codec.http2.Http2FrameCodec;
 import io.netty.handler.codec.http2.Http2FrameCodecBuilder;
 import io.netty.handler.codec.http2.Http2GoAwayFrame;
 import io.netty.handler.codec.http2.Http2MultiplexHandler;
 import io.netty.handler.codec.http2.Http2Settings;
+import io.netty.handler.codec.http2.Http2SettingsFrame;
 import io.netty.handler.codec.http2.Http2StreamChannel;
 import io.netty.handler.codec.http2.Http2StreamChannelBootstrap;
 import io.netty.handler.ssl.ApplicationProtocolNames;
 import io.netty.handler.ssl.SslContext;
 import io.netty.handler.ssl.SslHandler;
 import io.netty.handler.ssl.SslHandshakeCompletionEvent;
+import io.netty.handler.timeout.IdleStateEvent;
+import io.netty.handler.timeout.IdleStateHandler;
 import io.netty.util.ReferenceCountUtil;
 import io.netty.util.concurrent.Future;
 import io.netty.util.concurrent.Promise;
@@ -43,6 +47,11 @@ final class BookieConnection {
   static final int CONNECTION_WINDOW = 64 << 20;
   private static final int MAX_FRAME = 256 << 10;
   private static final int MAX_HEADER_LIST = 64 << 10;
+  /**
+   * Silence, with calls in flight, after which the bookie is sent a PING; as long again unanswered, the
+   * connection is closed (system property pybk.bookie.keepaliveSeconds, 30 by default).
+   */
+  static final int KEEPALIVE_SECONDS = Integer.getInteger("pybk.bookie.keepaliveSeconds", 30);
 
   final String address;
   final String host;
@@ -58,7 +67,7 @@ final class BookieConnection {
     this.ready = ready;
   }
 
-  /** Starts connecting to host:port; {@link #await} waits for the connection (and TLS handshake). */
+  /** Starts connecting to host:port; {@link #await} waits for the connection (TLS, the bookie's SETTINGS). */
   static BookieConnection open(EventLoopGroup group, String address, SslContext ssl, BookieSecurity sec,
                                int connectTimeoutMs) throws BookieReadException {
     int colon = address.lastIndexOf(':');
@@ -89,8 +98,6 @@ final class BookieConnection {
       if (!done.isSuccess()) {
         c.usable = false;
         c.ready.tryFailure(done.cause());
-      } else if (ssl == null) {
-        c.ready.trySuccess(f.channel());
       }
     });
     return c;
@@ -111,6 +118,7 @@ final class BookieConnection {
       engine.setSSLParameters(params);
       p.addLast(tls);
     }
+    p.addLast(new IdleStateHandler(KEEPALIVE_SECONDS, 0, 0));
     Http2FrameCodec codec = Http2FrameCodecBuilder.forClient()
         .initialSettings(Http2Settings.defaultSettings().initialWindowSize(STREAM_WINDOW).maxFrameSize(MAX_FRAME)
             .maxHeaderListSize(MAX_HEADER_LIST).pushEnabled(false))
@@ -129,7 +137,11 @@ final class BookieConnection {
     return name.indexOf(':') >= 0 || name.matches("[0-9.]+");
   }
 
-  /** The connection's state: ready after the TLS handshake chose h2; unusable after GOAWAY or close. */
+  /**
+   * The connection's state: ready once the bookie's SETTINGS came (after a TLS handshake that chose h2),
+   * so that a port that does not speak HTTP/2 fails the connection, not a call; unusable after GOAWAY
+   * or close.
+   */
   private final class Watcher extends ChannelInboundHandlerAdapter {
     private final Http2FrameCodec codec;
     private final boolean tls;
@@ -149,6 +161,10 @@ final class BookieConnection {
 
     @Override
     public void userEventTriggered(ChannelHandlerContext ctx, Object evt) {
+      if (evt instanceof IdleStateEvent) {
+        keepalive(ctx);
+        return;
+      }
       if (evt instanceof SslHandshakeCompletionEvent && tls) {
         SslHandshakeCompletionEvent e = (SslHandshakeCompletionEvent) evt;
         if (!e.isSuccess()) {
@@ -156,9 +172,7 @@ final class BookieConnection {
           ready.tryFailure(e.cause());
         } else {
           String protocol = ctx.pipeline().get(SslHandler.class).applicationProtocol();
-          if (ApplicationProtocolNames.HTTP_2.equals(protocol)) {
-            ready.trySuccess(ctx.channel());
-          } else {
+          if (!ApplicationProtocolNames.HTTP_2.equals(protocol)) {
             usable = false;
             ready.tryFailure(new IllegalStateException("the server did not choose HTTP/2 in the TLS handshake"
                 + " (ALPN " + protocol + ")"));
@@ -169,12 +183,33 @@ final class BookieConnection {
       ctx.fireUserEventTriggered(evt);
     }
 
+    /** A PING sent and nothing read since. */
+    private boolean pinged;
+
     @Override
     public void channelRead(ChannelHandlerContext ctx, Object msg) {
+      pinged = false;
       if (msg instanceof Http2GoAwayFrame) {
         usable = false;
+      } else if (msg instanceof Http2SettingsFrame) {
+        ready.trySuccess(ctx.channel());
       }
       ReferenceCountUtil.release(msg);
+    }
+
+    /** A bookie silent while calls wait on it is asked for a PING, and dropped if that goes unanswered too:
+     * its calls then fail at once instead of each waiting for its own timeout on a dead connection. */
+    private void keepalive(ChannelHandlerContext ctx) {
+      if (codec.connection().numActiveStreams() == 0) {
+        return;
+      }
+      if (pinged) {
+        usable = false;
+        ctx.close();
+      } else {
+        pinged = true;
+        ctx.writeAndFlush(new DefaultHttp2PingFrame(System.nanoTime()));
+      }
     }
 
     @Override
@@ -187,7 +222,8 @@ final class BookieConnection {
     @Override
     public void channelInactive(ChannelHandlerContext ctx) {
       usable = false;
-      ready.tryFailure(new IllegalStateException("the connection closed"));
+      ready.tryFailure(new IllegalStateException("the connection closed before the bookie spoke HTTP/2"
+          + (tls ? "" : " (a TLS port dialled without TLS?)")));
       ctx.fireChannelInactive();
     }
   }
@@ -223,10 +259,20 @@ final class BookieConnection {
     return s;
   }
 
+  /** Whether the connection was made (and has not failed to be made). */
+  boolean established() {
+    return ready.isSuccess();
+  }
+
   /** Whether new calls may go on this connection. */
   boolean usable() {
     Channel ch = channel;
     return usable && (!ready.isDone() || (ready.isSuccess() && ch.isActive()));
+  }
+
+  /** Done when the connection closed. */
+  ChannelFuture closeFuture() {
+    return channel.closeFuture();
   }
 
   void close() {

@@ -99,14 +99,17 @@ public final class BookieConnections {
     Key key = new Key(address, sec);
     BookieConnection conn = connection(key, timeoutMs);
     PackedStream stream = new PackedStream(address, timeoutMs);
+    boolean established = conn.established();
     Http2StreamChannel ch;
     try {
       ch = open(conn, stream, timeoutMs);
     } catch (BookieReadException e) {
-      connections.remove(key, conn);   // a connection that cannot take a stream: the next call makes a new one
+      connections.remove(key, conn);
       conn.close();
-      conn = connection(key, timeoutMs);
-      ch = open(conn, stream, timeoutMs);
+      if (!established) {
+        throw e;
+      }
+      ch = open(connection(key, timeoutMs), stream, timeoutMs);   // it broke since its last call: once more, anew
     }
     stream.attach(ch);
     Http2StreamChannel call = ch;
@@ -173,6 +176,7 @@ public final class BookieConnections {
       BookieConnection fresh = BookieConnection.open(group, key.address, ssl, key.security,
           (int) Math.min(timeoutMs, Integer.MAX_VALUE));
       connections.put(key, fresh);
+      fresh.closeFuture().addListener(f -> connections.remove(key, fresh));   // no dead connection kept
       return fresh;
     }
   }

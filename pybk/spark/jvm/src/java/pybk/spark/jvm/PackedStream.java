@@ -125,6 +125,7 @@ public final class PackedStream implements AutoCloseable {
       ch.eventLoop().execute(() -> {
         closedOnLoop = true;
         drain();
+        queue.add(new BookieReadException(address, BookieReadException.TRANSPORT, "the stream was closed"));
         ch.close();
       });
     } catch (RejectedExecutionException e) {

@@ -52,10 +52,9 @@ final class ReadStreamHandler extends ChannelInboundHandlerAdapter {
         Http2HeadersFrame frame = (Http2HeadersFrame) msg;
         if (!headers) {
           headers = true;
-          if (!responseHeaders(ctx, frame.headers())) {
-            return;
-          }
-          if (frame.isEndStream()) {
+          if (frame.isEndStream() && frame.headers().contains("grpc-status")) {
+            trailers(ctx, frame.headers());   // Trailers-Only: the call failed before any answer
+          } else if (responseHeaders(ctx, frame.headers()) && frame.isEndStream()) {
             trailers(ctx, frame.headers());
           }
         } else if (frame.isEndStream()) {
