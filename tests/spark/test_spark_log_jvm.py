@@ -49,7 +49,8 @@ async def logs_of_every_kind(cluster):
     {"startingTimestamp": "0", "includeProducer": "true"},
 ], ids=["whole", "edges", "small-partitions", "producer-columns"])
 async def test_the_jvm_reader_reads_what_the_python_reader_reads(spark, logs_of_every_kind, options):
-    """Slow (about 20 s): two scans of four logs per case, each through Spark."""
+    """Two scans of four logs per case, each through Spark (10 s for the first, whose session
+    compiles the scans' code)."""
     uri = logs_of_every_kind
     opts = {"password": PW.decode(), **options}
     jvm = read(spark, uri, "jvm\\..*", **opts)
