@@ -14,18 +14,10 @@ from codec_cases import HOSTILE, HOSTILE_UNIFORM
 from pybk import entry
 from pybk.entry import DigestType
 from pybk.log import codec
-from pybk.spark.jvm import JarBuildError, build, spark_jars
+from pybk.spark.jvm import spark_jars
 
 LEDGER = 42
 PASSWORD = b"mac secret"
-
-
-@pytest.fixture(scope="module")
-def jar(child_processes):
-    try:
-        return build()
-    except JarBuildError as exc:
-        pytest.skip(str(exc).splitlines()[0])
 
 
 def decode_in_jvm(jar, bodies: list[tuple[int, bytes]], digest: DigestType, password: bytes = b"",

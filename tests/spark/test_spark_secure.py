@@ -11,23 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pybk.local import control
 from pybk.local.client import read_client
 from pybk.security.settings import ENV
 from pybk.spark.session import activate
 
 ROOT = Path(__file__).resolve().parents[2]
 PW = "spark secret"
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory, child_processes):
-    tmp = tmp_path_factory.mktemp("spark-secure")
-    path = tmp / "cluster.yaml"
-    path.write_text("apiVersion: pybk.io/v1alpha1\nkind: BookieCluster\nmetadata: {name: s}\n"
-                    "spec:\n  replicas: 3\n  autorecovery: {replicas: 0}\n")
-    with control.detached(path, tmp / "d", secure=True):
-        yield tmp / "d"
 
 
 async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, secured):
@@ -66,6 +55,31 @@ async def test_spark_writes_and_reads_ledgers_on_a_secured_local_cluster(spark, 
                 .option("ledgers", ",".join(map(str, ledgers.values()))).load().collect())
     with pytest.raises(Exception, match="UNAUTHENTICATED"):
         await asyncio.to_thread(read_without_token)
+
+
+async def test_the_jvm_reader_reads_a_log_over_tls_with_a_token(spark, secured):
+    """pybk's JVM reader makes the bookies' Read call with the credentials Spark was given: over TLS,
+    with the token; without the token, the bookies refuse it and the error says so."""
+    from pybk.client import BookKeeper
+    from pybk.log import Logs
+    cluster = read_client(secured)
+    credentials = cluster.security.as_mapping()
+    async with await BookKeeper.connect(cluster.metadata_uri, security=cluster.security) as bk:
+        logs = Logs(bk)
+        await logs.create("secure.jvm", password=PW.encode())
+        async with await logs.open_writer("secure.jvm", password=PW.encode()) as w:
+            await w.append_many([b"r%d" % i for i in range(300)])
+
+    def scan(options):
+        activate(spark)
+        df = (spark.read.format("pybk").option("metadataServiceUri", cluster.metadata_uri).options(**options)
+              .option("log", "secure.jvm").load())
+        assert "pybk log scan (JVM reader)" in df._jdf.queryExecution().executedPlan().toString()
+        return sorted((r.offset, bytes(r.payload)) for r in df.collect())
+
+    assert await asyncio.to_thread(scan, credentials) == [(i, b"r%d" % i) for i in range(300)]
+    with pytest.raises(Exception, match="UNAUTHENTICATED"):   # TLS, but neither token nor client certificate
+        await asyncio.to_thread(scan, {"tls_ca": cluster.security.tls_ca})
 
 
 def test_a_job_given_the_local_clusters_uri_finds_its_credentials_in_local_json(secured):
