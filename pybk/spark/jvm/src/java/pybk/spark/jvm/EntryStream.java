@@ -20,6 +20,7 @@ final class EntryStream implements AutoCloseable {
   private final BookieSecurity security;
   private final EntryVerifier verifier;
   private long next;              // the next entry to deliver
+  private int replica;            // which replica of a fragment is read: one on from the last that failed
   private int tries;              // replicas of the current fragment tried since the last progress
   private int lost;               // of those, how many hold nothing of the ledger
   private BookieReadException lastError;
@@ -45,6 +46,7 @@ final class EntryStream implements AutoCloseable {
     this.security = p.security != null ? p.security : BookieSecurity.fromEnv(p.securityEnv);
     this.verifier = new EntryVerifier(p.ledgerId, p.digest, p.password);
     this.next = p.firstEntry;
+    this.replica = (int) Math.floorMod(p.ledgerId * 31 + p.firstEntry, 1L << 30);
   }
 
   /**
@@ -119,8 +121,7 @@ final class EntryStream implements AutoCloseable {
       throw lastError != null ? new BookieReadException(lastError.address, lastError.status, cause)
           : new BookieReadException(ensemble[0], -1, cause);
     }
-    int choice = (int) Math.floorMod(p.ledgerId * 31 + p.firstEntry + tries, (long) ensemble.length);
-    bookie = ensemble[choice];
+    bookie = ensemble[replica % ensemble.length];
     streamLast = Math.min(p.lastEntry, p.fragmentLast(f));
     tries++;
     try {
@@ -131,6 +132,7 @@ final class EntryStream implements AutoCloseable {
   }
 
   private void failed(BookieReadException e, String cause) {
+    replica++;
     if (e != null && e.status == Statuses.NO_LEDGER) {
       lost++;
     }
