@@ -25,9 +25,10 @@ def spark(child_processes):
         session.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def jar(child_processes):
-    """pybk's Spark jar of the current sources (its JVM reader), built once for the module."""
+    """pybk's Spark jar of the current sources (its JVM reader). Function-scoped: built once (a
+    cached build is a hash of the sources), it must not tie its tests to one worker."""
     if javac() is None or shutil.which("java") is None:
         pytest.skip("no JDK (javac and java): the JVM reader cannot be built")
     return build()

@@ -5,6 +5,7 @@ import java.io.EOFException;
 import java.io.PrintStream;
 import java.nio.ByteBuffer;
 import java.util.HexFormat;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -25,8 +26,12 @@ public final class DecodeTool {
     long lo = Long.parseLong(args[4]);
     long hi = Long.parseLong(args[5]);
     EntryVerifier verifier = new EntryVerifier(ledgerId, digest, password);
-    StructType schema = StructType.fromDDL(
-        "log string, offset long, timestamp timestamp, key binary, payload binary, producer_id long, sequence long");
+    // built field by field: parsing DDL would load Spark's SQL parser, seconds of a small JVM's start
+    StructType schema = new StructType()
+        .add("log", DataTypes.StringType, false).add("offset", DataTypes.LongType, false)
+        .add("timestamp", DataTypes.TimestampType, false).add("key", DataTypes.BinaryType)
+        .add("payload", DataTypes.BinaryType, false).add("producer_id", DataTypes.LongType)
+        .add("sequence", DataTypes.LongType);
     RecordEntry entry = new RecordEntry();
     PrintStream out = new PrintStream(System.out, false, "UTF-8");
     HexFormat hex = HexFormat.of();
