@@ -22,7 +22,7 @@ from pybk.client.bookie_client import BookieClient
 from pybk.local.client import read_client
 from pybk.local.process import free_port
 from pybk.security.ca import CertificateAuthority
-from pybk.spark.jvm import spark_jars
+from pybk.spark.jvm import SHORT_RUN, java_command
 
 KEY = entry.master_key(b"secret")
 TRANSPORT, NO_LEDGER, NO_ENTRY = -1, 1, 2
@@ -56,7 +56,7 @@ async def read_tool(jar, address: str, ledger: int, first: int, last: int, *opti
     """ReadTool's run, as its own JVM (asynchronously: a raw server may be answering it meanwhile)."""
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        "java", *jvm, "-cp", f"{jar}:{spark_jars()}/*", "pybk.spark.jvm.ReadTool", address, str(ledger),
+        *java_command(jar, "ReadTool", SHORT_RUN + tuple(jvm)), address, str(ledger),
         str(first), str(last), *options, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)

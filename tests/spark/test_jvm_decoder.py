@@ -14,7 +14,7 @@ from codec_cases import HOSTILE, HOSTILE_UNIFORM
 from pybk import entry
 from pybk.entry import DigestType
 from pybk.log import codec
-from pybk.spark.jvm import spark_jars
+from pybk.spark.jvm import SHORT_RUN, java_command
 
 LEDGER = 42
 PASSWORD = b"mac secret"
@@ -25,7 +25,7 @@ def decode_in_jvm(jar, bodies: list[tuple[int, bytes]], digest: DigestType, pass
     """What DecodeTool says of each body: records (offset, timestamp in us, key, payload, producer,
     sequence) and "error ..." lines."""
     stdin = b"".join(struct.pack(">QI", eid, len(b)) + b for eid, b in bodies)
-    out = subprocess.run(["java", "-Xmx64m", "-cp", f"{jar}:{spark_jars()}/*", "pybk.spark.jvm.DecodeTool",
+    out = subprocess.run([*java_command(jar, "DecodeTool", SHORT_RUN + ("-Xmx64m",)),
                           str(LEDGER), digest.value, password.hex(), str(seg_first), str(lo), str(hi)],
                          input=stdin, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()

@@ -42,27 +42,30 @@ async def logs_of_every_kind(cluster):
     return uri
 
 
-@pytest.mark.parametrize("options", [
+CUTS = [
     {},
     {"startingOffsets": {"jvm.keys": 240, "jvm.many": 1500}, "endingOffsets": {"jvm.keys": 510, "jvm.many": 2999}},
     {"bytesPerPartition": "2000", "minPartitions": "7"},
     {"startingTimestamp": "0", "includeProducer": "true"},
-], ids=["whole", "edges", "small-partitions", "producer-columns"])
-async def test_the_jvm_reader_reads_what_the_python_reader_reads(spark, logs_of_every_kind, options):
-    """Two scans of four logs per case, each through Spark (10 s for the first, whose session
-    compiles the scans' code)."""
+]
+
+
+async def test_the_jvm_reader_reads_what_the_python_reader_reads(spark, logs_of_every_kind):
+    """Every way a scan is cut (whole, edges inside segments, small partitions, producer columns),
+    each read by both readers, on one cluster."""
     uri = logs_of_every_kind
-    opts = {"password": PW.decode(), **options}
-    jvm = read(spark, uri, "jvm\\..*", **opts)
-    python = read(spark, uri, "jvm\\..*", reader="python", **opts)
-    assert jvm_reads(jvm) and not jvm_reads(python)
-    got, want = await in_thread(spark, everything, jvm), await in_thread(spark, everything, python)
-    assert got == want
-    assert len(got) > 1000
-    assert {r[0] for r in got} == {"jvm.keys", "jvm.producer", "jvm.many", "jvm.mac"}
+    for options in CUTS:
+        opts = {"password": PW.decode(), **options}
+        jvm = read(spark, uri, "jvm\\..*", **opts)
+        python = read(spark, uri, "jvm\\..*", reader="python", **opts)
+        assert jvm_reads(jvm) and not jvm_reads(python)
+        got, want = await in_thread(spark, everything, jvm), await in_thread(spark, everything, python)
+        assert got == want, options
+        assert len(got) > 1000
+        assert {r[0] for r in got} == {"jvm.keys", "jvm.producer", "jvm.many", "jvm.mac"}
 
 
-async def test_a_narrower_schema_and_a_count_read_through_the_jvm(spark, logs_of_every_kind):
+async def test_a_narrower_schema_a_count_and_a_wrong_mac_password(spark, logs_of_every_kind):
     uri = logs_of_every_kind
     df = (spark.read.format("pybk").schema("payload binary not null, offset long not null")
           .option("metadataServiceUri", uri).option("log", "jvm.many").load())
@@ -71,13 +74,9 @@ async def test_a_narrower_schema_and_a_count_read_through_the_jvm(spark, logs_of
     assert got == [(i, b"m%05d" % i + bytes(94)) for i in range(3000)]
     total = await in_thread(spark, lambda: df.selectExpr("count(*) AS n", "sum(length(payload)) AS b").first())
     assert (total.n, total.b) == (3000, 3000 * 100)
-
-
-async def test_a_mac_log_read_with_a_wrong_password_fails_naming_the_digest(spark, logs_of_every_kind):
-    uri = logs_of_every_kind
-    df = read(spark, uri, "jvm.mac", password="not the password")
+    wrong = read(spark, uri, "jvm.mac", password="not the password")
     with pytest.raises(Exception, match="MAC digest mismatch"):
-        await in_thread(spark, df.collect)
+        await in_thread(spark, wrong.collect)
 
 
 async def test_the_jvm_reader_reads_past_a_stopped_bookie_and_a_corrupt_replica(spark, bookies, metadata_uri):

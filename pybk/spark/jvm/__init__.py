@@ -108,6 +108,17 @@ def build() -> Path:
     return target
 
 
+# a short-lived JVM (a tool run): compile less and collect simply, half the start-up CPU
+SHORT_RUN = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+
+def java_command(jar: Path, main_class: str, jvm_options: tuple[str, ...] = SHORT_RUN) -> list[str]:
+    """The command that runs one of the jar's tools (ReadTool, DecodeTool) with Spark's jars."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else "java"
+    return [java, *jvm_options, "-cp", f"{jar}:{spark_jars()}/*", f"pybk.spark.jvm.{main_class}"]
+
+
 def available_jar() -> Path | None:
     """The jar: $PYBK_SPARK_JAR when set (a prebuilt one, as the Spark image has), else built if
     need be; None (with the reason logged) when it cannot be."""
