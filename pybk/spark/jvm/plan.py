@@ -19,14 +19,17 @@ from ..options import OptionError
 from ..runtime import client, with_credentials
 
 
-async def _address(bk, bookie_id: str) -> str:
-    """Where a bookie listens; for one not registered now (down), its id, which names its host and
-    port (the JVM then fails to reach it and reads the other replicas, as the Python reader does)."""
+async def _address(bk, bookie_id: str, known: dict[str, str]) -> str:
+    """Where a bookie listens (remembered in `known` for the plan's other partitions); for one not
+    registered now (down), its id, which names its host and port (the JVM then fails to reach it
+    and reads the other replicas, as the Python reader does)."""
     from pybk.client.errors import BookieUnavailableError
-    try:
-        return await bk.address(bookie_id)
-    except BookieUnavailableError:
-        return bookie_id
+    if bookie_id not in known:
+        try:
+            known[bookie_id] = await bk.address(bookie_id)
+        except BookieUnavailableError:
+            known[bookie_id] = bookie_id
+    return known[bookie_id]
 
 
 def handles(options: Mapping[str, str]) -> bool:
@@ -51,6 +54,7 @@ async def plan(options: Mapping[str, str], schema_json: str) -> dict[str, Any]:
     bk = await client(opts.metadata_uri, opts.security)
     parts = []
     ledgers: dict[int, Any] = {}
+    addresses: dict[str, str] = {}
     for p in await batch_partitions(opts):
         if not isinstance(p, LogPartition):
             continue
@@ -67,7 +71,7 @@ async def plan(options: Mapping[str, str], schema_json: str) -> dict[str, Any]:
             "log": p.log, "ledger": p.ledger_id, "first": p.first_entry, "last": p.last_entry,
             "segFirst": p.seg_first, "lo": p.lo, "hi": p.hi, "digest": md.digest_type.value,
             "password": base64.b64encode(p.password).decode(),
-            "fragments": [[f.first_entry_id, [await _address(bk, b) for b in f.bookies]] for f in frags],
+            "fragments": [[f.first_entry_id, [await _address(bk, b, addresses) for b in f.bookies]] for f in frags],
         })
     security = opts.security.as_mapping() if opts.security is not None else None
     return {"partitions": parts, "security": security, "securityEnv": ENV, "failOnDataLoss": opts.fail_on_data_loss,
