@@ -1,8 +1,8 @@
 package pybk.spark.jvm;
 
 import java.nio.ByteBuffer;
-import java.util.logging.Level;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The verified entries of one partition, in order, streamed from the bookies as packed range
@@ -13,7 +13,7 @@ import java.util.logging.Logger;
  * over the bookies.
  */
 final class EntryStream implements AutoCloseable {
-  private static final Logger LOG = Logger.getLogger("pybk.spark");
+  private static final Logger LOG = LoggerFactory.getLogger("pybk.spark");   // Spark's logging (log4j)
 
   private final LogInputPartition p;
   private final BookieConnections connections;
@@ -69,7 +69,7 @@ final class EntryStream implements AutoCloseable {
           payloadEnd = bodyOffset + size;
           entryId = id;
         } catch (CorruptEntryException e) {
-          LOG.warning("ledger " + p.ledgerId + " entry " + id + ": corrupt replica on bookie " + bookie + " (" + e
+          LOG.warn("ledger " + p.ledgerId + " entry " + id + ": corrupt replica on bookie " + bookie + " (" + e
               .getMessage() + "); reading another replica");
           failed(null, e.getMessage());
           continue;
@@ -140,7 +140,7 @@ final class EntryStream implements AutoCloseable {
       lastError = e;
     }
     lastCause = cause;
-    if (LOG.isLoggable(Level.INFO)) {
+    if (LOG.isInfoEnabled()) {
       LOG.info("ledger " + p.ledgerId + ": range read " + next + ".." + streamLast + " from " + bookie + " stopped: "
           + cause);
     }

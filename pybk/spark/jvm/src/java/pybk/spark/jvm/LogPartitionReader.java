@@ -1,10 +1,11 @@
 package pybk.spark.jvm;
 
 import java.io.IOException;
-import java.util.logging.Logger;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One partition of a log scan as column batches: the partition's entries (EntryStream, digests
@@ -12,7 +13,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  */
 final class LogPartitionReader implements PartitionReader<ColumnarBatch> {
   static final int BATCH_ROWS = 4096;
-  private static final Logger LOG = Logger.getLogger("pybk.spark");
+  private static final Logger LOG = LoggerFactory.getLogger("pybk.spark");   // Spark's logging (log4j)
 
   private final LogInputPartition p;
   private final EntryStream entries;
@@ -69,7 +70,7 @@ final class LogPartitionReader implements PartitionReader<ColumnarBatch> {
       throw new PybkScanException("data loss: " + what + "; to skip lost records and go on, set option "
           + "failOnDataLoss=false");
     }
-    LOG.warning("pybk: " + what + "; skipped (failOnDataLoss=false)");
+    LOG.warn("pybk: " + what + "; skipped (failOnDataLoss=false)");
   }
 
   @Override
