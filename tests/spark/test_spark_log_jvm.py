@@ -6,6 +6,8 @@ pybk's jar.
 """
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_spark_logs import PW, body, cluster, fill, in_thread, key, read  # noqa: F401 (cluster: a fixture)
 
@@ -129,3 +131,31 @@ async def test_a_striped_log_is_read_by_the_python_reader(spark, cluster):
     got = await in_thread(spark, lambda: sorted((r.offset, bytes(r.payload)) for r in df.collect()))
     assert got == [(i, body("jvm.striped", i)) for i in range(30)]
     assert await in_thread(spark, df.count) == 30   # one column (offset) handed on
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+async def test_segments_the_bookies_dropped_under_a_planned_scan_are_data_loss(spark, bookies, metadata_uri,
+                                                                                fail_on_data_loss):
+    """A scan planned, then its first segments truncated away and collected by every bookie
+    before it reads them: the scan fails naming the log and the offsets (failOnDataLoss), or
+    returns the rest of the log without them."""
+    from pybk.client import BookKeeper
+    from pybk.log import Logs
+    procs = bookies(3)
+    async with await BookKeeper.connect(metadata_uri) as bk:
+        logs = Logs(bk)
+        await fill(logs, "jvm.lost", 300, roll_every=100)
+        df = read(spark, metadata_uri, "jvm.lost", bytesPerPartition="1000",
+                  failOnDataLoss=str(fail_on_data_loss).lower())
+        planned = await in_thread(spark, lambda: df._jdf.queryExecution().toRdd())
+        assert await in_thread(spark, planned.getNumPartitions) >= 3   # planned: its partitions are fixed
+        assert await logs.truncate("jvm.lost", 200, password=PW) == 200
+    for p in procs:
+        result = await asyncio.to_thread(p.http_json, "/api/v1/bookie/gc", "POST")
+        assert result["deleted_ledgers"], result
+    if fail_on_data_loss:
+        lost = r"data loss: log 'jvm.lost': offsets (0-99|100-199) \(segment ledger \d+\) were truncated away"
+        with pytest.raises(Exception, match=lost):
+            await in_thread(spark, planned.count)
+    else:
+        assert await in_thread(spark, planned.count) == 100
