@@ -84,11 +84,9 @@ def jar_conf() -> dict[str, str]:
     """Spark settings that put pybk's jar (its JVM log reader, `pybk.spark.jvm`) on the driver's
     and the executors' classpath; none when it cannot be built (no JDK): then format("pybk") is
     the Python source alone."""
-    from .jvm import available_jar
+    from .jvm import available_jar, classpath_conf
     jar = available_jar()
-    if jar is None:
-        return {}
-    return {"spark.driver.extraClassPath": str(jar), "spark.executor.extraClassPath": str(jar)}
+    return {} if jar is None else classpath_conf(jar)
 
 
 def activate(spark) -> None:

@@ -30,6 +30,7 @@ import yaml
 
 from pybk.cluster.spec import GROUP, VERSION
 from pybk.security.settings import ENV as CLIENT_ENV
+from pybk.spark.jvm import classpath_conf
 
 IMAGE = "pybk-spark:0.1.0"
 IMAGE_JOBS_DIR = "/opt/pybk/spark"
@@ -126,8 +127,7 @@ def spark_conf(job: SparkJob) -> dict[str, str]:
         "spark.executor.memory": job.executor_memory,
         f"spark.kubernetes.executor.label.{APP_LABEL[0]}": APP_LABEL[1],
         # pybk's JVM log reader (docs/spark.md), as the image has it; an image without it: the Python reader
-        "spark.driver.extraClassPath": IMAGE_JAR,
-        "spark.executor.extraClassPath": IMAGE_JAR,
+        **classpath_conf(IMAGE_JAR),
     }
     for secret, path in job.secrets.items():
         conf[f"spark.kubernetes.executor.secrets.{secret}"] = path

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_spark_log_jvm import jvm_reads
 
 from pybk.local.client import read_client
 from pybk.security.settings import ENV
@@ -74,7 +75,7 @@ async def test_the_jvm_reader_reads_a_log_over_tls_with_a_token(spark, secured):
         activate(spark)
         df = (spark.read.format("pybk").option("metadataServiceUri", cluster.metadata_uri).options(**options)
               .option("log", "secure.jvm").load())
-        assert "pybk log scan (JVM reader)" in df._jdf.queryExecution().executedPlan().toString()
+        assert jvm_reads(df)
         return sorted((r.offset, bytes(r.payload)) for r in df.collect())
 
     assert await asyncio.to_thread(scan, credentials) == [(i, b"r%d" % i) for i in range(300)]

@@ -119,6 +119,11 @@ def java_command(jar: Path, main_class: str, jvm_options: tuple[str, ...] = SHOR
     return [java, *jvm_options, "-cp", f"{jar}:{spark_jars()}/*", f"pybk.spark.jvm.{main_class}"]
 
 
+def classpath_conf(jar: str | Path) -> dict[str, str]:
+    """Spark settings that put this jar on the driver's and the executors' classpath."""
+    return {"spark.driver.extraClassPath": str(jar), "spark.executor.extraClassPath": str(jar)}
+
+
 def available_jar() -> Path | None:
     """The jar: $PYBK_SPARK_JAR when set (a prebuilt one, as the Spark image has), else built if
     need be; None (with the reason logged) when it cannot be."""
