@@ -496,6 +496,10 @@ class Server:
         self._links.add(link)
         self._per_peer[peer] += 1
         sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # answers go out as written: asyncio's loop (unlike uvloop) leaves Nagle on for an accepted
+            # socket, and a small answer then waits for the client's delayed ACK (up to 40 ms)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link.task = loop.create_task(self._serve(link, sock), name=f"connection from {peer}")
         link.task.add_done_callback(lambda _: self._served(link, sock))
 

@@ -87,6 +87,16 @@ async def test_a_unary_call_gets_its_answer_and_the_handler_its_metadata_and_pee
     assert seen["peer"].startswith("ipv4:127.0.0.1:")
 
 
+async def test_an_accepted_connection_sends_without_nagle_whatever_the_event_loop(served):
+    """A small answer must not wait for the client's delayed ACK: asyncio's own loop leaves
+    TCP_NODELAY off on an accepted socket (uvloop sets it), so the server sets it itself."""
+    address, _, server = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        assert await ch.unary_unary("/t.T/Echo")(b"hi") == b"hi"
+        socks = [link.transport.get_extra_info("socket") for link in server._links if link.transport]
+        assert socks and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in socks)
+
+
 async def test_an_abort_reaches_the_client_with_its_code_and_details(served):
     address, _, _ = served
     async with grpc.aio.insecure_channel(address) as ch:
