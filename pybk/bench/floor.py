@@ -1,10 +1,12 @@
-"""`pybk bench floor`: the latency floor of a window-1 replicated add on this machine.
+"""`pybk bench floor`: the latency floor of a replicated add on this machine.
 
 It runs the shape of `pybk bench write --windows 1` with no pybk in it: N bare gRPC servers
 (one bidi stream each; every message is appended to a file and made durable, then answered) and
 one client that sends each message to all of them and waits for `--ack-quorum` answers before
 sending the next. Whatever latency this shows, no bookie built on Python gRPC can beat on the
-same machine; compare it with `pybk bench write` to see what pybk's own work costs.
+same machine; compare it with `pybk bench write` to see what pybk's own work costs. With
+`--rate` the client sends at a steady pace instead, whatever is in flight (a log's writer at
+1,000 records/s is this shape): the floor of `pybk bench log`'s end-to-end run.
 
 The variants drive the same HTTP/2 transport in other ways (`--client`, `--server`, `--loop`,
 `--fsync`, `--grpc-option`; gRPC's environment variables such as GRPC_POLL_STRATEGY reach the
@@ -98,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", type=int, default=3000, help="messages sent one at a time (default 3000)")
     parser.add_argument("--size", type=int, default=1024 + 30, help="bytes per message (default 1054: a 1 KiB "
                         "entry with its header)")
+    parser.add_argument("--rate", type=float, default=None, metavar="PER_SECOND",
+                        help="send messages at this pace, each whatever is in flight, instead of one at a time "
+                        "(the shape of a log's writer at a steady rate; not with the sync clients)")
     parser.add_argument("--client", type=Client, choices=list(Client), default=Client.AIO,
                         help="how the client drives its streams: " + _listed(_CLIENTS))
     parser.add_argument("--server", type=Server, choices=list(Server), default=Server.AIO,
@@ -253,7 +258,9 @@ class _Acks:
 
 
 async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, mode: Client,
-                       options: list) -> tuple[list[float], float]:
+                       options: list, rate: float | None = None) -> tuple[list[float], float]:
+    """Latencies (sorted) and the client's CPU seconds. Window 1, or with `rate` messages sent at
+    that pace whatever is in flight, each timed from its send to its quorum."""
     import grpc
 
     from pybk.transport.ngh2_client import ClientStream
@@ -291,9 +298,15 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
 
     readers = [loop.create_task(answers(c)) for c in calls]
     payload = b"x" * max(0, size - 8)
-    latencies = []
+    latencies: list[float] = []
+    in_flight: list[asyncio.Future] = []
     cpu0 = time.process_time()
+    start = time.perf_counter()
     for seq in range(entries):  # window 1: the next message goes out once this one has a quorum
+        if rate:
+            delay = start + seq / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
         message = seq.to_bytes(8, "big") + payload
         waiting[seq] = done = loop.create_future()
         t0 = time.perf_counter()
@@ -311,8 +324,13 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
         else:
             for call in calls:
                 await call.write(message)
-        await done
-        latencies.append(time.perf_counter() - t0)
+        if rate:
+            done.add_done_callback(lambda _, t0=t0: latencies.append(time.perf_counter() - t0))
+            in_flight.append(done)
+        else:
+            await done
+            latencies.append(time.perf_counter() - t0)
+    await asyncio.gather(*in_flight)
     client_cpu = time.process_time() - cpu0
     if mode is Client.NGH2:
         for stream in streams:
@@ -415,6 +433,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             _run_loop(args.loop, _serve_aio(write, options, args.server is Server.AIO_CONTEXT))
         return 0
+    if args.rate is not None and (args.rate <= 0 or args.client in (Client.SYNC, Client.SYNC_UNARY)):
+        print("pybk bench floor: --rate must be above 0 and needs an asyncio client (not --client sync or "
+              "sync-unary)", file=sys.stderr)
+        return 2
     if not 1 <= args.ack_quorum <= args.servers:
         print("pybk bench floor: --ack-quorum must be between 1 and --servers", file=sys.stderr)
         return 2
@@ -436,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
                                                 args.client is Client.SYNC_UNARY, options)
             else:
                 lat, client_cpu = _run_loop(args.loop, _measure_aio(
-                    ports, args.entries, args.size, args.ack_quorum, args.client, options))
+                    ports, args.entries, args.size, args.ack_quorum, args.client, options, args.rate))
             server_cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
@@ -451,15 +473,18 @@ def run(args: argparse.Namespace) -> int:
                 p.wait()
     result = {"servers": args.servers, "ack_quorum": args.ack_quorum, "entries": args.entries, "size": args.size,
               "client": args.client, "server": args.server, "loop": args.loop, "server_loop": server_loop,
-              "fsync": fsync, "grpc_options": dict(options), "gc_threshold": args.gc_threshold, "answered": len(lat),
-              "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+              "fsync": fsync, "grpc_options": dict(options), "gc_threshold": args.gc_threshold, "rate": args.rate,
+              "answered": len(lat), "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+              "p999_ms": percentile(lat, 0.999) * 1e3,
               "client_cpu_us": client_cpu / args.entries * 1e6, "servers_cpu_us": server_cpu / args.entries * 1e6}
     if args.output == "json":
         print(json.dumps(result))
     else:
+        pace = f"{args.rate:g} messages/s" if args.rate else "window 1"
         print(f"bare gRPC, client {args.client} on {args.loop}, {args.servers} servers {args.server} on "
-              f"{server_loop}, ack quorum {args.ack_quorum}, window 1, {args.size} B, durability {fsync}: latency p50 "
-              f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms; CPU per message: client "
+              f"{server_loop}, ack quorum {args.ack_quorum}, {pace}, {args.size} B, durability {fsync}: latency p50 "
+              f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms, p999 {result['p999_ms']:.2f} ms; CPU per "
+              f"message: client "
               f"{result['client_cpu_us']:.1f} us, servers {result['servers_cpu_us']:.1f} us")
         print("command: pybk bench floor " + " ".join(sys.argv[sys.argv.index("floor") + 1:]))
     return 0

@@ -21,6 +21,8 @@ _VARIANTS = [
     ["--server", "ngh2"],
     ["--client", "ngh2", "--server", "ngh2"],
     ["--client", "sync", "--server", "sync"],
+    ["--rate", "500"],
+    ["--client", "ngh2", "--server", "ngh2", "--rate", "500"],
     ["--fsync", "dsync"],
     ["--fsync", "none"],
     ["--gc-threshold", "50000"],
@@ -55,7 +57,8 @@ def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path
     assert result["server_loop"] == flags.get("--server-loop", result["loop"])
     assert result["grpc_options"] == options
     assert result["gc_threshold"] == (int(flags["--gc-threshold"]) if "--gc-threshold" in flags else None)
-    assert 0 < result["p50_ms"] <= result["p99_ms"]
+    assert result["rate"] == (float(flags["--rate"]) if "--rate" in flags else None)
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["p999_ms"]
     assert result["client_cpu_us"] > 0
     assert list(tmp_path.iterdir()) == []  # the temp dir with the servers' files is gone
 
@@ -63,6 +66,13 @@ def test_floor_bench_variant_answers_every_message_and_leaves_no_server(tmp_path
 def test_floor_bench_refuses_an_impossible_quorum(child_processes):
     out = _floor("--ack-quorum", "4", timeout=60)
     assert out.returncode == 2 and "--ack-quorum" in out.stderr
+
+
+@pytest.mark.parametrize("args", [["--rate", "0"], ["--rate", "100", "--client", "sync"]], ids=["zero", "sync client"])
+def test_floor_bench_refuses_a_pace_it_cannot_keep(args, child_processes):
+    out = _floor(*args, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("pybk bench floor: --rate must be above 0")
 
 
 def test_floor_bench_refuses_a_grpc_option_without_a_value(child_processes):
