@@ -299,10 +299,9 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
     readers = [loop.create_task(answers(c)) for c in calls]
     payload = b"x" * max(0, size - 8)
     latencies: list[float] = []
-    in_flight: list[asyncio.Future] = []
     cpu0 = time.process_time()
     start = time.perf_counter()
-    for seq in range(entries):  # window 1: the next message goes out once this one has a quorum
+    for seq in range(entries):  # window 1: the next goes out once this one has a quorum; with a rate, on time
         if rate:
             delay = start + seq / rate - time.perf_counter()
             if delay > 0:
@@ -326,11 +325,10 @@ async def _measure_aio(ports: list[int], entries: int, size: int, quorum: int, m
                 await call.write(message)
         if rate:
             done.add_done_callback(lambda _, t0=t0: latencies.append(time.perf_counter() - t0))
-            in_flight.append(done)
         else:
             await done
             latencies.append(time.perf_counter() - t0)
-    await asyncio.gather(*in_flight)
+    await asyncio.gather(*waiting.values())   # the messages still short of a quorum (none at window 1)
     client_cpu = time.process_time() - cpu0
     if mode is Client.NGH2:
         for stream in streams:
