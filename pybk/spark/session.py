@@ -9,7 +9,6 @@ turns on Python filter pushdown.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,8 +21,9 @@ class JavaMissingError(RuntimeError):
 
 def java_problem() -> str | None:
     """None when a Java runtime (17+) is usable, else a message that says what to install."""
+    from .jvm import java as java_runtime
     java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    java = java_runtime()
     if not java or not os.path.exists(java):
         where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "no `java` on PATH"
         return (f"Spark needs a Java runtime (17 or newer) and this machine has none ({where}). "

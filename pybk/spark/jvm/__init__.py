@@ -61,6 +61,13 @@ def cache_dir() -> Path:
     return Path(base) / "spark-jvm"
 
 
+def java() -> str | None:
+    """The Java runtime Spark runs on: $JAVA_HOME/bin/java when JAVA_HOME is set (whether or not it
+    is there: the caller says so), else `java` on PATH; None without either."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else shutil.which("java")
+
+
 def javac() -> str | None:
     """The JDK's compiler: $JAVA_HOME/bin/javac, else `javac` on PATH; None without a JDK."""
     home = os.environ.get("JAVA_HOME")
@@ -114,9 +121,7 @@ SHORT_RUN = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 def java_command(jar: Path, main_class: str, jvm_options: tuple[str, ...] = SHORT_RUN) -> list[str]:
     """The command that runs one of the jar's tools (ReadTool, DecodeTool) with Spark's jars."""
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else "java"
-    return [java, *jvm_options, "-cp", f"{jar}:{spark_jars()}/*", f"pybk.spark.jvm.{main_class}"]
+    return [java() or "java", *jvm_options, "-cp", f"{jar}:{spark_jars()}/*", f"pybk.spark.jvm.{main_class}"]
 
 
 def classpath_conf(jar: str | Path) -> dict[str, str]:
